@@ -1,0 +1,28 @@
+"""rb_lightning: a TorchRL ReplayBuffer as a first-class PyTorch Lightning data source.
+
+``import rb_lightning`` imports torch, tensordict, torchrl and lightning only;
+the Hugging Face helpers in :mod:`rb_lightning.hf` import ``datasets`` when
+called.
+"""
+
+from rb_lightning.datamodule import ReplayBufferDataModule
+from rb_lightning.dataset import (
+    SAMPLER_INFO_KEYS,
+    ReplayBufferBatchDataset,
+    ReplayBufferDataset,
+    ReplayBufferPassDataset,
+    batch_loader,
+    keep_batch,
+)
+
+__all__ = [
+    "SAMPLER_INFO_KEYS",
+    "ReplayBufferBatchDataset",
+    "ReplayBufferDataModule",
+    "ReplayBufferDataset",
+    "ReplayBufferPassDataset",
+    "batch_loader",
+    "keep_batch",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,268 @@
+"""``ReplayBufferDataModule``: a torchrl replay buffer as a LightningDataModule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from lightning.pytorch import LightningDataModule
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torch.utils.data import DataLoader
+from torchrl.data import ListStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+from rb_lightning._validation import (
+    check_keys,
+    check_non_negative_int,
+    check_positive_int,
+    check_replay_buffer,
+)
+from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDataset, batch_loader
+
+AUTO = "auto"
+
+
+class ReplayBufferDataModule(LightningDataModule):
+    """Serve a torchrl ``ReplayBuffer`` to ``Trainer.fit`` as whole sampled batches.
+
+    Each training batch is one ``rb.sample(batch_size)`` call, delivered as a
+    ``TensorDict`` on CPU; Lightning moves it to the accelerator through
+    :meth:`transfer_batch_to_device` (``non_blocking`` when memory is pinned).
+
+    Args:
+        replay_buffer: The buffer to sample training batches from.
+        batch_size: Items per training batch.
+
+    Keyword Args:
+        keys: Keys to keep in each batch (nested keys as tuples); ``None`` keeps all.
+        num_batches: Training batches per epoch. ``"auto"`` (default): one
+            buffer's worth, ``ceil(len(buffer) / batch_size)`` measured when the
+            train dataloader is built. An int: that many. ``None``: an unbounded
+            online stream; the Trainer must then bound it with
+            ``limit_train_batches=<int>`` (every epoch is that many batches) or
+            ``max_steps``, else :meth:`train_dataloader` raises.
+        num_workers: DataLoader worker processes. ``0`` (default) samples in
+            the training process, which is fastest on few cores and the only
+            option that sees priority updates.
+        pin_memory: Pin batches so host-to-GPU copies can be asynchronous.
+        persistent_workers: Keep workers alive across epochs.
+        val_buffer: Optional buffer read once per validation run, in storage order.
+        test_buffer: Optional buffer read once per test run, in storage order.
+        min_size: Wait until the training buffer holds this many items before
+            the first sample (for a collector filling it concurrently).
+        wait_timeout: Seconds to wait for ``min_size`` before raising.
+
+    Examples:
+        >>> import torch
+        >>> import lightning as L
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> from rb_lightning import ReplayBufferDataModule
+        >>>
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+        >>> x = torch.randn(1_000, 4)
+        >>> _ = rb.extend(TensorDict({"x": x, "y": x.sum(-1, keepdim=True)}, batch_size=[1_000]))
+        >>>
+        >>> class Regressor(L.LightningModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.net = torch.nn.Linear(4, 1)
+        ...     def training_step(self, batch, batch_idx):
+        ...         return torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+        ...     def configure_optimizers(self):
+        ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+        >>>
+        >>> trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(Regressor(), datamodule=ReplayBufferDataModule(rb, batch_size=100))
+        >>> trainer.global_step  # 2 epochs x ceil(1000 / 100) batches
+        20
+    """
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int = 256,
+        *,
+        keys: list[NestedKey] | None = None,
+        num_batches: int | Literal["auto"] | None = AUTO,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        val_buffer: ReplayBuffer | None = None,
+        test_buffer: ReplayBuffer | None = None,
+        min_size: int | None = None,
+        wait_timeout: float = 600.0,
+    ) -> None:
+        super().__init__()
+        self.replay_buffer = check_replay_buffer(replay_buffer)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.keys = check_keys(keys)
+        if num_batches != AUTO:
+            check_positive_int(num_batches, "num_batches", allow_none=True)
+        self.num_batches = num_batches
+        self.num_workers = check_non_negative_int(num_workers, "num_workers")
+        self.pin_memory = bool(pin_memory)
+        if persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers=True needs num_workers > 0.")
+        self.persistent_workers = bool(persistent_workers)
+        self.val_buffer = (
+            None if val_buffer is None else check_replay_buffer(val_buffer, "val_buffer")
+        )
+        self.test_buffer = (
+            None if test_buffer is None else check_replay_buffer(test_buffer, "test_buffer")
+        )
+        self.min_size = check_positive_int(min_size, "min_size", allow_none=True)
+        self.wait_timeout = wait_timeout
+        self._check_workers_fit_buffer()
+        # Lightning runs a loop when the hook is overridden, so only bind the
+        # val/test hooks when there is a buffer behind them.
+        if self.val_buffer is not None:
+            self.val_dataloader = self._val_dataloader
+        if self.test_buffer is not None:
+            self.test_dataloader = self._test_dataloader
+        self._train_dataset: ReplayBufferBatchDataset | None = None
+        self._batches_served_before = 0
+
+    # -- checks -----------------------------------------------------------------------------
+    def _check_workers_fit_buffer(self) -> None:
+        if self.num_workers == 0:
+            return
+        if isinstance(self.replay_buffer.sampler, PrioritizedSampler):
+            raise ValueError(
+                "num_workers>0 with a PrioritizedSampler: each worker samples its own copy of "
+                "the sampler, so priority updates made in training_step never reach it. Use "
+                "num_workers=0 (sampling in-process is fast; see benchmarks/)."
+            )
+        spawn = mp.get_start_method(allow_none=True) != "fork"
+        if spawn and isinstance(self.replay_buffer.storage, ListStorage):
+            raise ValueError(
+                "num_workers>0 with a ListStorage: spawned worker processes cannot share a "
+                "ListStorage. Use LazyTensorStorage (call rb.share() first for live updates) or "
+                "LazyMemmapStorage, or num_workers=0."
+            )
+
+    def _resolve_num_batches(self) -> int | None:
+        if self.num_batches != AUTO:
+            return self.num_batches
+        size = len(self.replay_buffer)
+        if size == 0:
+            raise RuntimeError(
+                "num_batches='auto' sizes an epoch from the buffer, but the replay buffer is "
+                "empty. Fill it before fit, or, for a buffer that a collector fills during fit, "
+                "pass num_batches=None and bound the epoch with Trainer(limit_train_batches=N)."
+            )
+        count = math.ceil(size / self.batch_size)
+        if dist.is_available() and dist.is_initialized():
+            # Ranks with different local buffer sizes must still agree on the epoch
+            # length, or the longest rank waits forever in its last gradient sync.
+            total = torch.tensor([count])
+            dist.all_reduce(total, op=dist.ReduceOp.MIN)
+            count = int(total.item())
+        return count
+
+    def _check_epoch_is_bounded(self, num_batches: int | None) -> None:
+        trainer = self.trainer
+        if num_batches is not None or trainer is None:
+            return
+        limit = trainer.limit_train_batches
+        bounded_by_limit = isinstance(limit, int) and not isinstance(limit, bool)
+        bounded_by_steps = trainer.max_steps is not None and trainer.max_steps >= 0
+        if not (bounded_by_limit or bounded_by_steps):
+            raise ValueError(
+                "ReplayBufferDataModule(num_batches=None) is an unbounded stream, and this "
+                f"Trainer has no bound for it (limit_train_batches={limit!r}, "
+                f"max_steps={trainer.max_steps}): the first epoch would never end. Set "
+                "Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
+                "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int>."
+            )
+
+    # -- dataloaders ------------------------------------------------------------------------
+    def _loader(self, dataset: Any) -> DataLoader:
+        return batch_loader(
+            dataset,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Sampled batches of the training buffer."""
+        num_batches = self._resolve_num_batches()
+        self._check_epoch_is_bounded(num_batches)
+        if self._train_dataset is not None:
+            self._batches_served_before += self._train_dataset.batches_served
+        self._train_dataset = ReplayBufferBatchDataset(
+            self.replay_buffer,
+            self.batch_size,
+            keys=self.keys,
+            num_batches=num_batches,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
+        return self._loader(self._train_dataset)
+
+    def _val_dataloader(self) -> DataLoader:
+        """One in-order pass over ``val_buffer``."""
+        return self._loader(
+            ReplayBufferPassDataset(self.val_buffer, self.batch_size, keys=self.keys)
+        )
+
+    def _test_dataloader(self) -> DataLoader:
+        """One in-order pass over ``test_buffer``."""
+        return self._loader(
+            ReplayBufferPassDataset(self.test_buffer, self.batch_size, keys=self.keys)
+        )
+
+    # -- batch transfer ---------------------------------------------------------------------
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        """Move a TensorDict batch in one call; anything else goes to Lightning's default."""
+        if isinstance(batch, TensorDictBase):
+            non_blocking = self.pin_memory and device.type == "cuda"
+            return batch.to(device, non_blocking=non_blocking)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # -- priorities -------------------------------------------------------------------------
+    def update_priority(self, batch: TensorDictBase, priority: torch.Tensor) -> None:
+        """Write new priorities for the items of ``batch`` (e.g. ``|td_error|``).
+
+        Call it from ``training_step``:
+        ``self.trainer.datamodule.update_priority(batch, td_error.abs())``.
+        """
+        if "index" not in batch.keys():
+            raise KeyError(
+                "The batch has no 'index' key. Priority updates need a buffer whose sampler "
+                "returns weights (PrioritizedSampler) and keys=None or keys including 'index'."
+            )
+        self.replay_buffer.update_priority(batch["index"].cpu(), priority.detach().cpu())
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def batches_served(self) -> int:
+        """Training batches sampled in this process since the DataModule was created."""
+        current = self._train_dataset.batches_served if self._train_dataset is not None else 0
+        return self._batches_served_before + current
+
+    def state_dict(self) -> dict[str, Any]:
+        """What Lightning stores in checkpoints for this DataModule."""
+        return {"batches_served": self.batches_served}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`."""
+        self._batches_served_before = int(state_dict.get("batches_served", 0))
+        self._train_dataset = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(replay_buffer={type(self.replay_buffer).__name__}"
+            f"(len={len(self.replay_buffer)}, storage={type(self.replay_buffer.storage).__name__}, "
+            f"sampler={type(self.replay_buffer.sampler).__name__}), batch_size={self.batch_size}, "
+            f"num_batches={self.num_batches!r}, num_workers={self.num_workers}, "
+            f"pin_memory={self.pin_memory})"
+        )

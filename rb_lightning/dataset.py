@@ -1,0 +1,437 @@
+"""Buffer-backed ``IterableDataset`` classes.
+
+Two views of the same sampling stream:
+
+* :class:`ReplayBufferDataset` yields one flat ``dict`` per item. It is a
+  drop-in replacement for torchrl's ``TorchRLBufferDataset`` (same arguments,
+  same output), for consumers that collate items themselves
+  (``transformers.Trainer``, a ``DataLoader`` with ``batch_size``).
+* :class:`ReplayBufferBatchDataset` yields each sampled batch whole (a
+  ``TensorDict``), with no split and no re-collation. Load it with
+  :func:`batch_loader`; it is what
+  :class:`~rb_lightning.ReplayBufferDataModule` uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torch.utils.data import DataLoader, IterableDataset
+from torchrl.data import ReplayBuffer
+
+from rb_lightning import _columns
+from rb_lightning._sharding import Shard, current_shard, draw_base_seed
+from rb_lightning._validation import (
+    check_device,
+    check_keys,
+    check_positive_int,
+    check_replay_buffer,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Keys under which sampler info (storage index, importance weight) is attached
+#: to a batch; the same names ``TensorDictReplayBuffer`` uses.
+SAMPLER_INFO_KEYS = ("index", "priority_weight")
+
+
+def keep_batch(batch: Any) -> Any:
+    """``collate_fn`` for loaders of whole batches: hand the batch over unchanged.
+
+    ``DataLoader(batch_size=None)`` would otherwise run ``default_convert``,
+    which treats a ``TensorDict`` as a plain mapping and breaks it apart.
+    """
+    return batch
+
+
+def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
+    """A ``DataLoader`` for a dataset that yields whole batches.
+
+    Sets ``batch_size=None`` and ``collate_fn=keep_batch``; other keyword
+    arguments (``num_workers``, ``pin_memory``, ...) go to ``DataLoader``.
+    """
+    return DataLoader(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
+
+
+class _ReplayBufferStream(IterableDataset):
+    """Shared machinery: argument checks, sharding, seeding, waiting, sampling."""
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int,
+        *,
+        keys: list[NestedKey] | None = None,
+        device: torch.device | str | None = None,
+        num_batches: int | None = 1,
+        min_size: int | None = None,
+        wait_timeout: float = 600.0,
+    ) -> None:
+        self._replay_buffer = check_replay_buffer(replay_buffer)
+        self._batch_size = check_positive_int(batch_size, "batch_size")
+        self._keys = check_keys(keys)
+        self._device = check_device(device)
+        self._num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
+        self._min_size = check_positive_int(min_size, "min_size", allow_none=True)
+        if not isinstance(wait_timeout, (int, float)) or wait_timeout <= 0:
+            raise ValueError(
+                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}."
+            )
+        self._wait_timeout = float(wait_timeout)
+        if self._keys is not None:
+            _columns.check_unique_names(self._keys)
+        self._warned_missing: set[NestedKey] = set()
+        self._checked_names = False
+        #: Batches handed out by iterators of this object in this process.
+        self.batches_served = 0
+
+    # -- public read-only properties ---------------------------------------------------------
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        """The wrapped buffer."""
+        return self._replay_buffer
+
+    @property
+    def batch_size(self) -> int:
+        """Items drawn per sampling call."""
+        return self._batch_size
+
+    @property
+    def num_batches(self) -> int | None:
+        """Sampling calls per pass over the dataset (``None``: unbounded)."""
+        return self._num_batches
+
+    @property
+    def keys(self) -> list[NestedKey] | None:
+        """Selected keys, or ``None`` for all leaves."""
+        return self._keys
+
+    # -- iteration --------------------------------------------------------------------------
+    def _batches_for(self, shard: Shard) -> int | None:
+        if self._num_batches is None:
+            return None
+        return shard.share(self._num_batches)
+
+    def _seed_replica(self, shard: Shard) -> None:
+        # Worker processes and DDP ranks hold copies of the buffer, and of its generator
+        # (or of an identically seeded global RNG): give each copy its own stream.
+        if shard.is_replica:
+            seed = shard.seed(draw_base_seed())
+            self._replay_buffer.set_rng(torch.Generator().manual_seed(seed))
+
+    def _wait_until_ready(self) -> None:
+        rb = self._replay_buffer
+        needed = self._min_size
+        if needed is None:
+            if len(rb) == 0:
+                raise RuntimeError(
+                    "The replay buffer is empty, so there is nothing to sample. Fill it first "
+                    "(rb.extend(...)), or pass min_size=N to wait until a collector has written "
+                    "N items."
+                )
+            needed = 1
+        deadline = time.monotonic() + self._wait_timeout
+        while len(rb) < needed:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Waited {self._wait_timeout:.0f}s for the replay buffer to hold "
+                    f"min_size={needed} items, it holds {len(rb)}. Is the collector writing to "
+                    "this buffer (a shared or memmap storage when workers are used)? Raise "
+                    "wait_timeout or lower min_size."
+                )
+            time.sleep(0.01)
+        sampler = getattr(rb, "sampler", None)
+        if getattr(sampler, "drop_last", False) and len(rb) < self._batch_size:
+            raise RuntimeError(
+                f"The sampler draws without replacement with drop_last=True, but the buffer "
+                f"holds {len(rb)} items, fewer than batch_size={self._batch_size}: no full batch "
+                "can be drawn. Lower batch_size, add data, or use drop_last=False."
+            )
+
+    def _sample(self) -> Any:
+        """Draw one batch, with sampler info (index, weight) attached when available."""
+        rb = self._replay_buffer
+        batch, info = rb.sample(self._batch_size, return_info=True)
+        if isinstance(batch, TensorDictBase):
+            extra = {k: info[k] for k in SAMPLER_INFO_KEYS if k in info and k not in batch.keys()}
+            # A plain ReplayBuffer drops the index and weight; keep them when a
+            # sampler produced weights, so a training step can update priorities.
+            if "priority_weight" in extra:
+                for name, value in extra.items():
+                    batch.set(name, torch.as_tensor(value, device=batch.device))
+        return batch
+
+    def _select_keys(self, batch: Any) -> list[NestedKey]:
+        available = _columns.leaf_keys(batch)
+        if not self._checked_names:
+            _columns.check_unique_names(available)
+            self._checked_names = True
+        if self._keys is None:
+            return available
+        present = set(available)
+        selected = []
+        for key in self._keys:
+            if key in present:
+                selected.append(key)
+            elif key not in self._warned_missing:
+                self._warned_missing.add(key)
+                logger.warning(
+                    "%s: key %r not found in the sampled batch (available: %s); skipping it.",
+                    type(self).__name__,
+                    key,
+                    available,
+                )
+        return selected
+
+    def _batches(self) -> Iterator[Any]:
+        shard = current_shard()
+        count = self._batches_for(shard)
+        self._seed_replica(shard)
+        self._wait_until_ready()
+        drawn = 0
+        while count is None or drawn < count:
+            yield self._sample()
+            drawn += 1
+            self.batches_served += 1
+
+    def __len__(self) -> int:
+        if self._num_batches is None:
+            # TypeError is what len() raises for sized-less objects; Lightning reads it as "no length".
+            raise TypeError(f"{type(self).__name__} with num_batches=None is an unbounded stream.")
+        return self._num_batches * self._items_per_batch()
+
+    def _items_per_batch(self) -> int:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        keys = self._keys if self._keys is not None else "<all>"
+        return (
+            f"{type(self).__name__}(replay_buffer={type(self._replay_buffer).__name__}"
+            f"(len={len(self._replay_buffer)}), batch_size={self._batch_size}, keys={keys}, "
+            f"device={self._device}, num_batches={self._num_batches})"
+        )
+
+
+class ReplayBufferDataset(_ReplayBufferStream):
+    """Per-item view of a replay buffer; drop-in for torchrl's ``TorchRLBufferDataset``.
+
+    Each sampling call draws ``batch_size`` items and yields them one by one as
+    flat ``dict[str, Any]``: nested keys become ``"key0.key1"``, strings
+    (``NonTensorData``) arrive as plain Python values, tensors lose the batch
+    dimension. With the same buffer and seed, the items equal the seed class's.
+
+    Args:
+        replay_buffer: The torchrl ``ReplayBuffer`` to sample from.
+        batch_size: Items drawn per sampling call.
+
+    Keyword Args:
+        keys: Keys to keep (nested keys as tuples). ``None`` keeps every leaf.
+            A key missing from the samples is warned about once and skipped.
+        device: Move tensors to this device before yielding.
+        num_batches: Sampling calls per pass; ``None`` is an unbounded stream
+            whose consumer must stop it (``max_steps``). With ``DataLoader``
+            workers the calls are split across workers, so one pass still
+            yields ``num_batches * batch_size`` items in total.
+        min_size: Wait (up to ``wait_timeout`` seconds) until the buffer holds
+            this many items before the first sample. Without it, an empty
+            buffer raises at once.
+        wait_timeout: Seconds to wait for ``min_size``.
+
+    Sampler info: when the buffer's sampler returns importance weights (a
+    ``PrioritizedSampler``), ``"index"`` and ``"priority_weight"`` are added
+    to every item, also for a plain ``ReplayBuffer``.
+
+    Workers: each DataLoader worker (and each DDP rank) re-seeds its copy of
+    the buffer, so copies draw different streams. A worker samples its own
+    copy of the buffer: with ``LazyTensorStorage`` after ``rb.share()``
+    (shared memory, spawn start method) or ``LazyMemmapStorage`` it sees
+    items written after it started; ``ListStorage`` and fork-started workers
+    see a snapshot taken when the worker started.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import ReplayBuffer, ListStorage
+        >>> from rb_lightning import ReplayBufferDataset
+        >>>
+        >>> rb = ReplayBuffer(storage=ListStorage(100), batch_size=4)
+        >>> for _ in range(10):
+        ...     _ = rb.add(TensorDict(
+        ...         {"input_ids": torch.randint(0, 100, (8,)),
+        ...          "attention_mask": torch.ones(8, dtype=torch.long)},
+        ...         batch_size=[],
+        ...     ))
+        >>>
+        >>> dataset = ReplayBufferDataset(rb, batch_size=4)
+        >>> sample = next(iter(dataset))
+        >>> sample["input_ids"].shape
+        torch.Size([8])
+    """
+
+    def _items_per_batch(self) -> int:
+        return self._batch_size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self._batches():
+            cols = _columns.columns(batch, self._select_keys(batch))
+            yield from _columns.rows(cols, _columns.batch_length(batch), self._device)
+
+    def as_hf_dataset(self, **kwargs: Any) -> Any:
+        """This dataset as a streaming ``datasets.IterableDataset`` (needs the ``hf`` extra).
+
+        Keyword arguments go to :func:`rb_lightning.hf.to_hf_dataset`.
+        """
+        from rb_lightning.hf import to_hf_dataset
+
+        return to_hf_dataset(self, **kwargs)
+
+
+class ReplayBufferBatchDataset(_ReplayBufferStream):
+    """Whole-batch view of a replay buffer: one ``TensorDict`` per sampling call.
+
+    No per-item split and no re-collation: the batch ``rb.sample`` returns is
+    what the consumer gets (restricted to ``keys`` and moved to ``device`` if
+    asked). Load it with :func:`batch_loader` (``DataLoader(dataset,
+    batch_size=None, collate_fn=keep_batch)``).
+
+    Takes the same arguments as :class:`ReplayBufferDataset`, plus:
+
+    Keyword Args:
+        flatten: Yield a flat ``dict`` of ``[B, ...]`` tensors and lists of
+            strings (``"key0.key1"`` names) instead of a ``TensorDict``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> from rb_lightning import ReplayBufferBatchDataset, batch_loader
+        >>>
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        >>> _ = rb.extend(TensorDict({"obs": torch.randn(50, 3)}, batch_size=[50]))
+        >>> loader = batch_loader(ReplayBufferBatchDataset(rb, 16, num_batches=2))
+        >>> [batch["obs"].shape for batch in loader]
+        [torch.Size([16, 3]), torch.Size([16, 3])]
+    """
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int,
+        *,
+        keys: list[NestedKey] | None = None,
+        device: torch.device | str | None = None,
+        num_batches: int | None = 1,
+        min_size: int | None = None,
+        wait_timeout: float = 600.0,
+        flatten: bool = False,
+    ) -> None:
+        super().__init__(
+            replay_buffer,
+            batch_size,
+            keys=keys,
+            device=device,
+            num_batches=num_batches,
+            min_size=min_size,
+            wait_timeout=wait_timeout,
+        )
+        self._flatten = bool(flatten)
+
+    def _items_per_batch(self) -> int:
+        return 1
+
+    def _shape_batch(self, batch: Any) -> Any:
+        keys = self._select_keys(batch)
+        if self._flatten or not isinstance(batch, TensorDictBase):
+            cols = _columns.columns(batch, keys)
+            if self._device is not None:
+                cols = {
+                    k: v.to(self._device) if isinstance(v, torch.Tensor) else v
+                    for k, v in cols.items()
+                }
+            return cols
+        if self._keys is not None:
+            batch = batch.select(*keys)
+        if self._device is not None:
+            batch = batch.to(self._device)
+        return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self._batches():
+            yield self._shape_batch(batch)
+
+
+class ReplayBufferPassDataset(IterableDataset):
+    """One pass over a buffer's content, in storage order: every stored item exactly once.
+
+    For validation and test sets, and for snapshots. Batches of ``batch_size``
+    consecutive storage slots are dealt round-robin to DataLoader workers and
+    DDP ranks, so together they cover the buffer once, with no duplicates.
+
+    Args:
+        replay_buffer: The buffer to read (it is not sampled: its sampler and
+            RNG are left untouched).
+        batch_size: Items per yielded batch (the last one may be smaller).
+
+    Keyword Args:
+        keys: Keys to keep (nested keys as tuples). ``None`` keeps every leaf.
+        flatten: Yield flat dicts instead of ``TensorDict`` batches.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> from rb_lightning import ReplayBufferPassDataset
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(5)}, batch_size=[5]))
+        >>> [b["x"].tolist() for b in ReplayBufferPassDataset(rb, batch_size=2)]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int,
+        *,
+        keys: list[NestedKey] | None = None,
+        flatten: bool = False,
+    ) -> None:
+        self._replay_buffer = check_replay_buffer(replay_buffer)
+        self._batch_size = check_positive_int(batch_size, "batch_size")
+        self._keys = check_keys(keys)
+        self._flatten = bool(flatten)
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        """The wrapped buffer."""
+        return self._replay_buffer
+
+    def __len__(self) -> int:
+        return -(-len(self._replay_buffer) // self._batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        shard = current_shard()
+        copies = shard.world_size * shard.num_workers
+        me = shard.rank * shard.num_workers + shard.worker_id
+        size = len(self._replay_buffer)
+        for number, start in enumerate(range(0, size, self._batch_size)):
+            if number % copies != me:
+                continue
+            index = torch.arange(start, min(start + self._batch_size, size))
+            batch = self._replay_buffer[index]
+            keys = _columns.leaf_keys(batch) if self._keys is None else self._keys
+            if self._flatten or not isinstance(batch, TensorDictBase):
+                yield _columns.columns(batch, keys)
+            else:
+                yield batch if self._keys is None else batch.select(*keys)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(replay_buffer={type(self._replay_buffer).__name__}"
+            f"(len={len(self._replay_buffer)}), batch_size={self._batch_size})"
+        )
