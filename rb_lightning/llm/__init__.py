@@ -1,0 +1,1 @@
+"""Language-model helpers: a synthetic arithmetic task, a tiny offline tokenizer."""

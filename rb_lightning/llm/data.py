@@ -1,0 +1,195 @@
+"""A synthetic arithmetic task for language-model training, fully offline.
+
+Prompts look like ``"12+7="`` and completions like ``"19"``. The task is small
+enough for a tiny model to learn on CPU and checkable by a Python reward, so the
+same data feeds a Lightning LLM config, ``trl.SFTTrainer`` / ``DPOTrainer`` and
+``trl.GRPOTrainer`` (through :func:`arithmetic_reward`).
+
+:func:`make_tokenizer` builds a character-level tokenizer locally (no
+download); :func:`fill_arithmetic_buffer` writes tokenized items to a torchrl
+replay buffer. ``transformers`` / ``tokenizers`` are imported only by
+:func:`make_tokenizer`.
+
+Examples:
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
+    >>> tokenizer = make_tokenizer()
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    >>> fill_arithmetic_buffer(rb, 8, tokenizer, seed=0)
+    8
+    >>> item = rb[0]
+    >>> item["prompt"], item["completion"], item["input_ids"].shape
+    ('24+48=', '72', torch.Size([16]))
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+from torchrl.data import ReplayBuffer
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<eos>"
+UNK_TOKEN = "<unk>"
+#: Characters the tokenizer knows, one token each (after the special tokens).
+ALPHABET = "0123456789+-*= "
+#: Label value ignored by the loss (``torch.nn.CrossEntropyLoss`` default).
+IGNORE_INDEX = -100
+
+_PROMPT = re.compile(r"\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*$")
+
+
+def make_tokenizer() -> Any:
+    """A character-level ``transformers`` fast tokenizer for :data:`ALPHABET`, built locally.
+
+    Has ``pad_token="<pad>"`` (id 0), ``eos_token="<eos>"`` (id 1) and
+    ``unk_token="<unk>"``; decoding joins characters without spaces.
+
+    Examples:
+        >>> tok = make_tokenizer()
+        >>> ids = tok("12+7=19")["input_ids"]
+        >>> tok.decode(ids), len(tok)
+        ('12+7=19', 18)
+    """
+    try:
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            'make_tokenizer needs the "hf" extra: pip install "rb-lightning[hf]"'
+        ) from err
+    vocab = {token: i for i, token in enumerate([PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, *ALPHABET])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN
+    )
+
+
+def arithmetic_examples(n: int, seed: int = 0, max_operand: int = 50) -> list[tuple[str, str]]:
+    """``n`` ``(prompt, completion)`` pairs such as ``("12+7=", "19")``, reproducible by ``seed``.
+
+    Examples:
+        >>> arithmetic_examples(2, seed=1)
+        [('8+36=', '44'), ('48+4=', '52')]
+    """
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        pairs.append((f"{a}+{b}=", str(a + b)))
+    return pairs
+
+
+def arithmetic_tensordict(
+    examples: Sequence[tuple[str, str]], tokenizer: Any, *, max_length: int = 16
+) -> TensorDict:
+    """Tokenize ``(prompt, completion)`` pairs into a ``TensorDict`` of ``len(examples)`` items.
+
+    Each item holds ``prompt`` / ``completion`` strings and int64
+    ``input_ids`` (prompt, completion, eos, right-padded to ``max_length``),
+    ``attention_mask`` (1 on real tokens) and ``labels`` (``-100`` on the
+    prompt and the padding, so only the answer and eos are learned).
+    """
+    prompts = [p for p, _ in examples]
+    completions = [c for _, c in examples]
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    n = len(examples)
+    input_ids = torch.full((n, max_length), tokenizer.pad_token_id, dtype=torch.int64)
+    labels = torch.full((n, max_length), IGNORE_INDEX, dtype=torch.int64)
+    attention_mask = torch.zeros((n, max_length), dtype=torch.int64)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        ids = [*p, *c, tokenizer.eos_token_id]
+        if len(ids) > max_length:
+            raise ValueError(
+                f"Example {examples[i]!r} needs {len(ids)} tokens, more than "
+                f"max_length={max_length}. Raise max_length or lower max_operand."
+            )
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        labels[i, len(p) : len(ids)] = input_ids[i, len(p) : len(ids)]
+    return TensorDict(
+        {
+            "prompt": NonTensorStack(*prompts),
+            "completion": NonTensorStack(*completions),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+        },
+        batch_size=[n],
+    )
+
+
+def fill_arithmetic_buffer(
+    rb: ReplayBuffer,
+    n: int,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    max_length: int = 16,
+    max_operand: int = 50,
+) -> int:
+    """Write ``n`` tokenized arithmetic items (see :func:`arithmetic_tensordict`) to ``rb``.
+
+    Returns:
+        The number of items written.
+    """
+    examples = arithmetic_examples(n, seed=seed, max_operand=max_operand)
+    rb.extend(arithmetic_tensordict(examples, tokenizer, max_length=max_length))
+    return n
+
+
+def solve(prompt: str) -> int | None:
+    """The answer to an arithmetic prompt such as ``"12+7="``, or ``None`` if it is not one.
+
+    Examples:
+        >>> solve("12+7="), solve("hello")
+        (19, None)
+    """
+    match = _PROMPT.match(prompt)
+    if match is None:
+        return None
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def _text(value: Any) -> str:
+    # Conversational TRL data passes messages: [{"role": ..., "content": ...}, ...].
+    if isinstance(value, list):
+        return "".join(m.get("content", "") if isinstance(m, dict) else str(m) for m in value)
+    return str(value)
+
+
+def arithmetic_reward(
+    completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float]:
+    """Reward function for ``trl.GRPOTrainer``: 1.0 for a correct answer, else 0.0.
+
+    The expected answer comes from the prompt (``"12+7="`` → 19) or, without
+    prompts, from a ``completion`` column passed by TRL as a keyword.
+
+    Examples:
+        >>> arithmetic_reward(["19", " 20", "19<eos>"], prompts=["12+7="] * 3)
+        [1.0, 0.0, 1.0]
+    """
+    if prompts is not None:
+        answers = [solve(_text(p)) for p in prompts]
+    elif "completion" in kwargs:
+        answers = [int(c) for c in kwargs["completion"]]
+    else:
+        raise ValueError(
+            "arithmetic_reward needs the prompts (GRPOTrainer passes prompts=...) or a "
+            "'completion' column with the reference answers."
+        )
+    rewards = []
+    for completion, answer in zip(completions, answers, strict=True):
+        text = _text(completion).replace(EOS_TOKEN, "").replace(PAD_TOKEN, "").strip()
+        rewards.append(1.0 if answer is not None and text == str(answer) else 0.0)
+    return rewards
