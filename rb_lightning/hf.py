@@ -1,0 +1,640 @@
+"""Hand a replay buffer to Hugging Face ``datasets`` (and so to TRL trainers), and back.
+
+:func:`to_hf_dataset` exports a buffer two ways:
+
+* ``streaming=True``: a ``datasets.IterableDataset`` that samples the live
+  buffer, batch by batch (online training: new items are seen as they land);
+* ``streaming=False``: a ``datasets.Dataset``, an Arrow snapshot of the
+  buffer's current content in storage order, every item once.
+
+Both convert whole sampled batches / storage slices column by column into
+Arrow arrays (no per-item Python), declare their features up front (so int64
+token ids stay int64 and strings arrive as ``str``) and never hash the buffer
+for a fingerprint. Nested keys become ``"a.b"`` columns, as in
+:class:`~rb_lightning.ReplayBufferDataset`.
+
+:func:`from_hf_dataset` goes the other way: a ``datasets.Dataset`` (e.g. made
+by a TRL script) into a replay buffer for Lightning.
+
+This module imports ``datasets`` and ``pyarrow`` when its functions are
+called, never at ``import rb_lightning``.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import NonTensorStack, TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.hf import to_hf_dataset
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    >>> _ = rb.extend(TensorDict({
+    ...     "input_ids": torch.arange(6).reshape(3, 2),
+    ...     "meta": {"score": torch.tensor([0.5, 1.0, 1.5])},
+    ...     "prompt": NonTensorStack("a", "b", "c"),
+    ... }, batch_size=[3]))
+    >>> snapshot = to_hf_dataset(rb, streaming=False)
+    >>> snapshot[1]
+    {'input_ids': [2, 3], 'meta.score': 1.0, 'prompt': 'b'}
+    >>> snapshot.features["input_ids"]
+    List(Value('int64'), length=2)
+    >>> stream = to_hf_dataset(rb, batch_size=2, num_batches=2)
+    >>> len(list(stream))
+    4
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import count
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack, TensorDict
+from tensordict.utils import NestedKey
+from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
+
+from rb_lightning import _columns
+from rb_lightning._sharding import current_shard
+from rb_lightning._validation import check_keys, check_positive_int, check_replay_buffer
+from rb_lightning.datamodule import AUTO, ReplayBufferDataModule
+from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferDataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    import datasets
+    import pyarrow as pa
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = 'pip install "rb-lightning[hf]"'
+#: Items sampled per call in a stream built from a bare ``ReplayBuffer``.
+DEFAULT_BATCH_SIZE = 256
+#: Storage slots read per slice when snapshotting or filling a buffer.
+CHUNK_SIZE = 8_192
+#: Shards of an unbounded stream: enough for DataLoader workers x ranks.
+DEFAULT_STREAM_SHARDS = 8
+#: Items read from storage to infer the features of a stream.
+_PROBE_SIZE = 16
+_UNSET: Any = object()
+
+_TORCH_TO_HF = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "float32",  # Arrow has no bfloat16: widened, exactly.
+}
+
+
+def _require_hf() -> tuple[Any, Any]:
+    try:
+        import datasets
+        import pyarrow as pa
+    except ImportError as err:
+        raise ImportError(
+            f"rb_lightning.hf needs the Hugging Face extra (datasets, pyarrow): {INSTALL_HINT}"
+        ) from err
+    return datasets, pa
+
+
+# -- what to export ------------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    """The buffer and the sampling arguments behind one export."""
+
+    replay_buffer: ReplayBuffer
+    batch_size: int
+    keys: list[NestedKey] | None
+    num_batches: int | None
+    min_size: int | None = None
+    wait_timeout: float = 600.0
+
+
+def _plan(source: Any, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
+    if isinstance(source, ReplayBufferDataset):
+        plan = _Plan(
+            source.replay_buffer,
+            source.batch_size,
+            source.keys,
+            source.num_batches,
+            source._min_size,
+            source._wait_timeout,
+        )
+    elif isinstance(source, ReplayBufferDataModule):
+        size = source.batch_size
+        batches = source.num_batches
+        if batches == AUTO:
+            batches = max(1, math.ceil(len(source.replay_buffer) / size))
+        plan = _Plan(
+            source.replay_buffer, size, source.keys, batches, source.min_size, source.wait_timeout
+        )
+    elif isinstance(source, ReplayBuffer):
+        plan = _Plan(source, DEFAULT_BATCH_SIZE, None, None)
+    else:
+        raise TypeError(
+            "to_hf_dataset(source) takes a torchrl ReplayBuffer, a ReplayBufferDataset or a "
+            f"ReplayBufferDataModule, got {type(source).__name__}."
+        )
+    if batch_size is not None:
+        plan.batch_size = check_positive_int(batch_size, "batch_size")
+    if keys is not None:
+        plan.keys = check_keys(keys)
+    if num_batches is not _UNSET:
+        plan.num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
+    if plan.keys is not None:
+        _columns.check_unique_names(plan.keys)
+    return plan
+
+
+# -- features ------------------------------------------------------------------------------------
+def _tensor_feature(dtype: torch.dtype, dims: Sequence[int], fixed: bool) -> Any:
+    datasets, _ = _require_hf()
+    if dtype not in _TORCH_TO_HF:
+        raise TypeError(
+            f"Tensors of dtype {dtype} have no Arrow type; convert that key (e.g. to float32) "
+            "or leave it out with keys=[...]."
+        )
+    feature: Any = datasets.Value(_TORCH_TO_HF[dtype])
+    for size in reversed(dims):
+        feature = datasets.List(feature, length=size if fixed else -1)
+    return feature
+
+
+def _column_feature(name: str, col: torch.Tensor | list[Any], fixed: bool) -> Any:
+    datasets, pa = _require_hf()
+    if isinstance(col, torch.Tensor):
+        return _tensor_feature(col.dtype, col.shape[1:], fixed)
+    sample = next((v for v in col if v is not None), None)
+    if isinstance(sample, torch.Tensor):  # ragged items of a lazy stack
+        return _tensor_feature(sample.dtype, sample.shape, fixed=False)
+    if isinstance(sample, str):
+        return datasets.Value("string")
+    if isinstance(sample, bool):
+        return datasets.Value("bool")
+    if isinstance(sample, int):
+        return datasets.Value("int64")
+    if isinstance(sample, float):
+        return datasets.Value("float64")
+    try:
+        arrow_type = pa.array(col).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise TypeError(
+            f"Column {name!r} holds {type(sample).__name__} values that Arrow cannot store "
+            f"({err}). Leave it out with keys=[...] or pass features={{{name!r}: ...}}."
+        ) from None
+    return datasets.features.features.generate_from_arrow_type(arrow_type)
+
+
+def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None = None) -> Any:
+    """The ``datasets.Features`` an export of ``replay_buffer`` will have.
+
+    Read from the first stored items (the sampler is not used). Tensor
+    storages have fixed shapes, so ``[B, L]`` tensors become ``List(...,
+    length=L)``; list storages may hold ragged items, so their lists have no
+    fixed length. Strings become ``Value("string")``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> _ = rb.extend(TensorDict({"x": torch.zeros(2, 3), "n": torch.ones(2)}, [2]))
+        >>> infer_features(rb)
+        {'x': List(Value('float32'), length=3), 'n': Value('float32')}
+    """
+    datasets, _ = _require_hf()
+    check_replay_buffer(replay_buffer)
+    size = len(replay_buffer)
+    if size == 0:
+        raise ValueError(
+            "The replay buffer is empty, so its features cannot be read from it. Fill it first, "
+            "or pass features=datasets.Features({...}) (e.g. for a stream that waits for a "
+            "collector with min_size)."
+        )
+    probe = replay_buffer[torch.arange(min(size, _PROBE_SIZE))]
+    selected = _columns.leaf_keys(probe) if keys is None else list(keys)
+    _columns.check_unique_names(selected)
+    fixed = isinstance(replay_buffer.storage, TensorStorage)
+    cols = _columns.columns(probe, selected)
+    return datasets.Features({n: _column_feature(n, c, fixed) for n, c in cols.items()})
+
+
+def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, NestedKey]]:
+    """Features of the export and the buffer key behind each column."""
+    datasets, _ = _require_hf()
+    if features is not None and not isinstance(features, Mapping):
+        raise TypeError(
+            f"features must be a datasets.Features or a dict {{column: feature}}, got "
+            f"{type(features).__name__}."
+        )
+    if len(plan.replay_buffer) == 0:
+        if not features:
+            infer_features(plan.replay_buffer)  # raises the "empty buffer" error
+        keys = plan.keys or [_key_of(name) for name in features]
+        resolved = datasets.Features(dict(features))
+    else:
+        resolved = infer_features(plan.replay_buffer, plan.keys)
+        keys = plan.keys or [_key_of(name) for name in resolved]
+        unknown = set(features or {}) - set(resolved)
+        if unknown:
+            raise ValueError(
+                f"features names columns {sorted(unknown)} that the buffer does not have; "
+                f"its columns are {list(resolved)}. Nested keys are named 'a.b'."
+            )
+        resolved.update(dict(features or {}))
+    by_name = {_columns.flat_name(k): k for k in keys}
+    missing = [name for name in resolved if name not in by_name]
+    if missing:
+        raise ValueError(
+            f"features names columns {missing} that keys={plan.keys} leaves out; add them to keys."
+        )
+    return resolved, {name: by_name[name] for name in resolved}
+
+
+def _key_of(name: str) -> NestedKey:
+    parts = tuple(name.split(_columns.KEY_SEPARATOR))
+    return _columns.normalize_key(parts)
+
+
+# -- columns to Arrow ----------------------------------------------------------------------------
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.contiguous().numpy()
+
+
+def _nest(values: pa.Array, dims: Sequence[int]) -> pa.Array:
+    _, pa = _require_hf()
+    for size in reversed(dims):
+        values = pa.FixedSizeListArray.from_arrays(values, size)
+    return values
+
+
+def _arrow_column(name: str, col: torch.Tensor | list[Any], arrow_type: pa.DataType) -> pa.Array:
+    _, pa = _require_hf()
+    try:
+        if isinstance(col, torch.Tensor):
+            array = _numpy(col)
+            values = _nest(pa.array(array.reshape(-1)), array.shape[1:])
+        elif col and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in col):
+            # Ragged items: one flat value buffer plus offsets, no per-item Python lists.
+            parts = [_numpy(v) for v in col]
+            lengths = np.array([len(p) for p in parts], dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            inner = np.concatenate([p.reshape(-1) for p in parts])
+            values = pa.ListArray.from_arrays(
+                pa.array(offsets), _nest(pa.array(inner), parts[0].shape[1:])
+            )
+        else:
+            values = pa.array(col)
+        return values if values.type == arrow_type else values.cast(arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        raise TypeError(
+            f"Column {name!r} does not fit its feature (Arrow type {arrow_type}): {err}. Pass "
+            f"features={{{name!r}: ...}} matching the buffer, or leave it out with keys=[...]."
+        ) from None
+
+
+def _arrow_table(batch: Any, columns: Mapping[str, NestedKey], schema: pa.Schema) -> pa.Table:
+    _, pa = _require_hf()
+    arrays = [
+        _arrow_column(name, _columns.column(batch, key), schema.field(name).type)
+        for name, key in columns.items()
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- streaming -----------------------------------------------------------------------------------
+@dataclass
+class _StreamSpec:
+    """Everything a shard generator needs; pickled into DataLoader workers."""
+
+    sampler: ReplayBufferBatchDataset
+    columns: dict[str, NestedKey]
+    schema: Any
+    num_batches: int | None
+    n_shards: int
+
+
+def _shard_batches(total: int, n_shards: int, shard: int) -> int:
+    base, extra = divmod(total, n_shards)
+    return base + (1 if shard < extra else 0)
+
+
+def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tuple[str, Any]]:
+    """Generate one Arrow table per sampling call for the given shards."""
+    (spec_,) = spec
+    sampler = spec_.sampler
+    # A copy of the buffer in a worker process or on another rank: draw its own stream.
+    sampler._seed_replica(current_shard())
+    sampler._wait_until_ready()
+    budget = None
+    if spec_.num_batches is not None:
+        budget = sum(_shard_batches(spec_.num_batches, spec_.n_shards, s) for s in shards)
+    for drawn in count():
+        if budget is not None and drawn >= budget:
+            return
+        batch = sampler._sample()
+        sampler.batches_served += 1
+        yield f"{shards[0]}_{drawn}", _arrow_table(batch, spec_.columns, spec_.schema)
+
+
+def _stream(plan: _Plan, features: Any, columns: dict[str, NestedKey], n_shards: Any) -> Any:
+    datasets, _ = _require_hf()
+    from datasets.iterable_dataset import ArrowExamplesIterable
+
+    if n_shards is None:
+        n_shards = DEFAULT_STREAM_SHARDS
+        if plan.num_batches is not None:
+            n_shards = min(plan.num_batches, DEFAULT_STREAM_SHARDS)
+    n_shards = check_positive_int(n_shards, "n_shards")
+    if plan.num_batches is not None and n_shards > plan.num_batches:
+        raise ValueError(
+            f"n_shards={n_shards} exceeds num_batches={plan.num_batches}: some shards would be "
+            "empty. Lower n_shards, or raise num_batches."
+        )
+    sampler = ReplayBufferBatchDataset(
+        plan.replay_buffer,
+        plan.batch_size,
+        keys=plan.keys,
+        num_batches=None,
+        min_size=plan.min_size,
+        wait_timeout=plan.wait_timeout,
+    )
+    spec = _StreamSpec(sampler, columns, features.arrow_schema, plan.num_batches, n_shards)
+    # Lists in the kwargs are shards for `datasets`; everything else goes in a tuple.
+    iterable = ArrowExamplesIterable(
+        _sampled_tables, {"shards": list(range(n_shards)), "spec": (spec,)}
+    )
+    if plan.num_batches is None:
+        description = (
+            "Unbounded stream sampled from a live torchrl replay buffer: trainers need "
+            "max_steps (e.g. TrainingArguments(max_steps=...)) to stop."
+        )
+        logger.info("to_hf_dataset: %s", description)
+    else:
+        description = (
+            f"{plan.num_batches} batches of {plan.batch_size} items sampled from a torchrl "
+            "replay buffer per pass; trainers still need max_steps (no __len__)."
+        )
+    info = datasets.DatasetInfo(description=description, features=features)
+    return datasets.IterableDataset(iterable, info=info)
+
+
+# -- snapshot ------------------------------------------------------------------------------------
+def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
+    datasets, pa = _require_hf()
+    from datasets.fingerprint import generate_random_fingerprint
+    from datasets.table import InMemoryTable
+
+    rb = plan.replay_buffer
+    schema = features.arrow_schema
+    size = len(rb)
+    tables = [
+        _arrow_table(rb[torch.arange(start, min(start + CHUNK_SIZE, size))], columns, schema)
+        for start in range(0, size, CHUNK_SIZE)
+    ]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    info = datasets.DatasetInfo(
+        description=f"Snapshot of {size} items of a torchrl replay buffer, in storage order.",
+        features=features,
+    )
+    # A random fingerprint: hashing the content would cost as much as the export itself.
+    return datasets.Dataset(
+        InMemoryTable(table), info=info, fingerprint=generate_random_fingerprint()
+    )
+
+
+# -- public API ----------------------------------------------------------------------------------
+def to_hf_dataset(
+    source: ReplayBuffer | ReplayBufferDataset | ReplayBufferDataModule,
+    *,
+    streaming: bool = True,
+    keys: list[NestedKey] | None = None,
+    num_batches: int | None = _UNSET,
+    batch_size: int | None = None,
+    features: Mapping[str, Any] | None = None,
+    n_shards: int | None = None,
+) -> datasets.IterableDataset | datasets.Dataset:
+    """A replay buffer as a Hugging Face dataset, for ``trl`` / ``transformers`` trainers.
+
+    Args:
+        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.ReplayBufferDataset`
+            or a :class:`~rb_lightning.ReplayBufferDataModule`. Its buffer,
+            ``batch_size``, ``keys``, ``num_batches`` (and ``min_size``) are
+            the defaults of the arguments below.
+
+    Keyword Args:
+        streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
+            buffer (items written later are seen). ``False``: a
+            ``datasets.Dataset`` snapshot of the current content, in storage
+            order, each item once.
+        keys: Buffer keys to export (nested keys as tuples); default: all.
+        num_batches: Streaming only: sampling calls per pass. ``None`` is an
+            unbounded stream: the trainer must stop it with ``max_steps``.
+            Default: the source's (``None`` for a bare ``ReplayBuffer``).
+        batch_size: Streaming only: items per sampling call (default: the
+            source's, or 256).
+        features: ``{column: datasets feature}`` overriding the inferred ones
+            (columns are named ``"a.b"`` for nested keys). Required when
+            streaming from a buffer that is still empty.
+        n_shards: Streaming only: shards of the stream. Each DataLoader worker
+            and each rank (``datasets.distributed.split_dataset_by_node``)
+            takes whole shards, and the ``num_batches`` of a pass are divided
+            between shards, so a pass draws ``num_batches`` batches in total
+            whatever the number of workers. Default: ``min(num_batches, 8)``.
+
+    Returns:
+        ``datasets.IterableDataset`` (streaming) or ``datasets.Dataset``.
+
+    Raises:
+        ImportError: Without the ``hf`` extra (``pip install "rb-lightning[hf]"``).
+
+    Notes:
+        Trainers need ``max_steps`` with a streaming dataset (it has no
+        length). For ``trl.GRPOTrainer`` under several processes, export a
+        snapshot (``streaming=False``): a randomly sampled stream gives each
+        rank different prompts, which breaks GRPO's per-prompt groups.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        >>> _ = rb.extend(TensorDict({"input_ids": torch.zeros(10, 4, dtype=torch.long)}, [10]))
+        >>> ds = to_hf_dataset(rb, streaming=True, batch_size=4, num_batches=3)
+        >>> ds.features["input_ids"], sum(1 for _ in ds)
+        (List(Value('int64'), length=4), 12)
+    """
+    _require_hf()
+    plan = _plan(source, batch_size, keys, num_batches)
+    resolved, columns = _resolve_features(plan, features)
+    if streaming:
+        return _stream(plan, resolved, columns, n_shards)
+    if n_shards is not None:
+        raise ValueError(
+            "n_shards applies to streaming=True only; shard a snapshot with "
+            "dataset.shard(...) or datasets.distributed.split_dataset_by_node."
+        )
+    return _snapshot(plan, resolved, columns)
+
+
+def _arrow_to_value(name: str, array: pa.Array) -> torch.Tensor | NonTensorStack:
+    _, pa = _require_hf()
+    shape = [len(array)]
+    values = array
+    while (
+        pa.types.is_list(values.type)
+        or pa.types.is_large_list(values.type)
+        or (pa.types.is_fixed_size_list(values.type))
+    ):
+        if pa.types.is_fixed_size_list(values.type):
+            size = values.type.list_size
+        else:
+            lengths = np.asarray(values.value_lengths().fill_null(0))
+            if len(lengths) and (lengths != lengths[0]).any():
+                raise ValueError(
+                    f"Column {name!r} holds lists of different lengths ({lengths.min()} to "
+                    f"{lengths.max()}); a tensor storage needs one shape. Pad them first (e.g. "
+                    "tokenizer(..., padding='max_length')) or leave the column out with keys=[...]."
+                )
+            size = int(lengths[0]) if len(lengths) else 0
+        shape.append(size)
+        values = values.flatten()
+    if (
+        pa.types.is_integer(values.type)
+        or pa.types.is_floating(values.type)
+        or (pa.types.is_boolean(values.type))
+    ):
+        # Arrow buffers are read-only: copy once so the tensor owns writable memory.
+        flat = np.require(values.to_numpy(zero_copy_only=False), requirements=["C", "W"])
+        return torch.from_numpy(flat).reshape(shape)
+    return NonTensorStack(*array.to_pylist())
+
+
+def from_hf_dataset(
+    dataset: datasets.Dataset,
+    replay_buffer: ReplayBuffer | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+) -> ReplayBuffer:
+    """Write a ``datasets.Dataset`` into a replay buffer, column-wise, in row order.
+
+    Numbers and fixed-length (or equal-length) lists become tensors of the
+    matching dtype, strings become ``NonTensorStack`` items, and ``"a.b"``
+    columns become nested keys ``("a", "b")``: the reverse of
+    ``to_hf_dataset(..., streaming=False)``.
+
+    Args:
+        dataset: The ``datasets.Dataset`` to read (an ``IterableDataset`` must
+            be materialized first, e.g. ``Dataset.from_list(list(ds.take(n)))``).
+        replay_buffer: Buffer to extend; default: a new
+            ``ReplayBuffer(storage=LazyTensorStorage(len(dataset)))``.
+
+    Keyword Args:
+        columns: Columns to read (default: all).
+
+    Returns:
+        The buffer that was written to.
+
+    Examples:
+        >>> import datasets
+        >>> ds = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2="], "meta.score": [0.5, 1.0]})
+        >>> rb = from_hf_dataset(ds)
+        >>> rb[1]["prompt"], rb[1]["meta", "score"].item()
+        ('2+2=', 1.0)
+    """
+    datasets, _ = _require_hf()
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(
+            f"from_hf_dataset needs a datasets.Dataset, got {type(dataset).__name__}. "
+            "Materialize a stream first: datasets.Dataset.from_list(list(stream.take(n)))."
+        )
+    names = list(dataset.column_names if columns is None else columns)
+    unknown = [n for n in names if n not in dataset.column_names]
+    if unknown:
+        raise ValueError(f"columns {unknown} are not in the dataset ({dataset.column_names}).")
+    if replay_buffer is None:
+        replay_buffer = ReplayBuffer(storage=LazyTensorStorage(max(1, len(dataset))))
+    check_replay_buffer(replay_buffer)
+    arrow = dataset.select_columns(names).with_format("arrow")
+    for start in range(0, len(dataset), CHUNK_SIZE):
+        table = arrow[start : start + CHUNK_SIZE]
+        items = TensorDict(batch_size=[table.num_rows])
+        for name in names:
+            array = table.column(name).combine_chunks()
+            items.set(_key_of(name), _arrow_to_value(name, array))
+        replay_buffer.extend(items)
+    return replay_buffer
+
+
+# -- console script ------------------------------------------------------------------------------
+def _load_buffer(path: str) -> ReplayBuffer:
+    """A buffer from ``rb.dumps(path)`` (tensor storages) or ``torch.save(rb_or_td, path)``."""
+    import json
+    from pathlib import Path
+
+    location = Path(path)
+    if location.is_dir():
+        storage_dir = location / "storage"
+        if not (storage_dir / "storage_metadata.json").exists():
+            raise FileNotFoundError(
+                f"{path} is not a directory written by ReplayBuffer.dumps() with a tensor "
+                "storage (no storage/storage_metadata.json)."
+            )
+        size = json.loads((storage_dir / "storage_metadata.json").read_text())["len"]
+        # TensorDict.load_memmap keeps every string; ReplayBuffer.loads (torchrl 0.14.1)
+        # brings NonTensorStack fields back as copies of the first value.
+        content = TensorDict.load_memmap(storage_dir)[:size]
+    elif location.is_file():
+        content = torch.load(location, weights_only=False)  # a trusted, local file
+    else:
+        raise FileNotFoundError(f"No replay buffer at {path}.")
+    if isinstance(content, ReplayBuffer):
+        return content
+    if not isinstance(content, TensorDict):
+        raise TypeError(
+            f"{path} holds a {type(content).__name__}; expected a ReplayBuffer or a TensorDict "
+            "of items (torch.save(rb, path)) or a directory from rb.dumps(path)."
+        )
+    rb = ReplayBuffer(storage=LazyTensorStorage(max(1, len(content))))
+    if len(content):
+        rb.extend(content)
+    return rb
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``rb-lightning-export-hf BUFFER OUT``: save a buffer as a ``datasets`` snapshot on disk.
+
+    ``BUFFER`` is a directory written by ``rb.dumps(path)`` or a file written
+    by ``torch.save(rb, path)`` (or of a ``TensorDict`` of items). ``OUT`` is
+    then loadable with ``datasets.load_from_disk(OUT)`` in a TRL script.
+    """
+    parser = argparse.ArgumentParser(
+        prog="rb-lightning-export-hf",
+        description="Export a saved torchrl replay buffer to a Hugging Face dataset on disk "
+        "(datasets.load_from_disk).",
+    )
+    parser.add_argument("buffer", help="directory from rb.dumps(), or a torch.save()d buffer")
+    parser.add_argument("output", help="directory to write with Dataset.save_to_disk")
+    parser.add_argument(
+        "--keys", nargs="+", help="keys to export; nested keys as 'a.b' (default: all)"
+    )
+    args = parser.parse_args(argv)
+    rb = _load_buffer(args.buffer)
+    keys = None if args.keys is None else [_key_of(k) for k in args.keys]
+    dataset = to_hf_dataset(rb, streaming=False, keys=keys)
+    dataset.save_to_disk(args.output)
+    print(f"Saved {len(dataset)} items, columns {dataset.column_names}, to {args.output}")
+    return 0
+
+
+__all__ = ["export_main", "from_hf_dataset", "infer_features", "to_hf_dataset"]
