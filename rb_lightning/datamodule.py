@@ -21,6 +21,13 @@ from rb_lightning._validation import (
     check_positive_int,
     check_replay_buffer,
 )
+from rb_lightning.checkpoint import (
+    DEFAULT_INLINE_MAX_BYTES,
+    buffer_state,
+    ensure_generator,
+    install_checkpoint_io,
+    restore_buffer_state,
+)
 from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDataset, batch_loader
 
 AUTO = "auto"
@@ -55,6 +62,11 @@ class ReplayBufferDataModule(LightningDataModule):
         min_size: Wait until the training buffer holds this many items before
             the first sample (for a collector filling it concurrently).
         wait_timeout: Seconds to wait for ``min_size`` before raising.
+        checkpoint_inline_max_bytes: Checkpoints carry the training buffer
+            (content, sampler, writer, generator). Buffers whose storage holds
+            at most this many bytes (default 64 MiB) go inside the ``.ckpt``;
+            larger ones are written beside it, in ``<ckpt>.buffer/``. ``0``:
+            always beside. See README "Resume".
 
     Examples:
         >>> import torch
@@ -97,6 +109,7 @@ class ReplayBufferDataModule(LightningDataModule):
         test_buffer: ReplayBuffer | None = None,
         min_size: int | None = None,
         wait_timeout: float = 600.0,
+        checkpoint_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
@@ -127,6 +140,12 @@ class ReplayBufferDataModule(LightningDataModule):
             self.test_dataloader = self._test_dataloader
         self._train_dataset: ReplayBufferBatchDataset | None = None
         self._batches_served_before = 0
+        self.checkpoint_inline_max_bytes = check_non_negative_int(
+            checkpoint_inline_max_bytes, "checkpoint_inline_max_bytes"
+        )
+        # Sampling must draw from a generator a checkpoint can restore, not the global RNG.
+        ensure_generator(self.replay_buffer)
+        self._replay_on_resume: list[Any] = []
 
     # -- checks -----------------------------------------------------------------------------
     def _check_workers_fit_buffer(self) -> None:
@@ -204,6 +223,9 @@ class ReplayBufferDataModule(LightningDataModule):
             min_size=self.min_size,
             wait_timeout=self.wait_timeout,
         )
+        if self.num_workers == 0:
+            # Batches Lightning had read ahead when the checkpoint was saved.
+            self._train_dataset.replay_first, self._replay_on_resume = self._replay_on_resume, []
         return self._loader(self._train_dataset)
 
     def _val_dataloader(self) -> DataLoader:
@@ -223,6 +245,7 @@ class ReplayBufferDataModule(LightningDataModule):
         self, batch: Any, device: torch.device, dataloader_idx: int
     ) -> Any:
         """Move a TensorDict batch in one call; anything else goes to Lightning's default."""
+        self._mark_consumed()
         if isinstance(batch, TensorDictBase):
             non_blocking = self.pin_memory and device.type == "cuda"
             return batch.to(device, non_blocking=non_blocking)
@@ -245,18 +268,63 @@ class ReplayBufferDataModule(LightningDataModule):
     # -- state ------------------------------------------------------------------------------
     @property
     def batches_served(self) -> int:
-        """Training batches sampled in this process since the DataModule was created."""
+        """Training batches handed to the training loop, counted across resumed runs."""
         current = self._train_dataset.batches_served if self._train_dataset is not None else 0
         return self._batches_served_before + current
 
+    def _mark_consumed(self) -> None:
+        # Called once per batch the training loop takes; what is left in flight was read ahead.
+        dataset = self._train_dataset
+        trainer = self.trainer
+        if trainer is not None and trainer.training and dataset is not None and dataset.in_flight:
+            dataset.in_flight.popleft()
+
+    def _read_ahead(self) -> list[Any]:
+        """Batches sampled for the training loop but not yet taken by it."""
+        dataset = self._train_dataset
+        if dataset is None or not dataset.in_flight:
+            return []
+        trainer = self.trainer
+        if trainer is not None:
+            epoch_loop = trainer.fit_loop.epoch_loop
+            if epoch_loop.batch_progress.current.ready >= trainer.num_training_batches:
+                return []  # the epoch ends here: Lightning drops what it read ahead
+        return list(dataset.in_flight)
+
     def state_dict(self) -> dict[str, Any]:
-        """What Lightning stores in checkpoints for this DataModule."""
-        return {"batches_served": self.batches_served}
+        """What Lightning stores in checkpoints for this DataModule.
+
+        The training buffer (content, writer cursor and ``write_count``, sampler
+        state, sampling generator), batches Lightning read ahead of the saved
+        step, and the number of batches consumed. Small buffers are packed into
+        the ``.ckpt``; larger ones (``checkpoint_inline_max_bytes``) are written
+        beside it by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
+        this installs on the Trainer.
+        """
+        install_checkpoint_io(self.trainer)
+        read_ahead = self._read_ahead()
+        return {
+            "batches_served": self.batches_served - len(read_ahead),
+            "buffer": buffer_state(
+                self.replay_buffer,
+                inline_max_bytes=self.checkpoint_inline_max_bytes,
+                pending_batches=read_ahead,
+            ),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`."""
+        """Restore from :meth:`state_dict`: the buffer is replaced by the saved one.
+
+        Raises :class:`~rb_lightning.checkpoint.BufferCheckpointError` naming the
+        path when a buffer saved beside the checkpoint is missing or damaged.
+        """
         self._batches_served_before = int(state_dict.get("batches_served", 0))
         self._train_dataset = None
+        buffer = state_dict.get("buffer")
+        if buffer is not None:
+            install_checkpoint_io(self.trainer)
+            ckpt_path = self.trainer.ckpt_path if self.trainer is not None else None
+            self._replay_on_resume = restore_buffer_state(self.replay_buffer, buffer, ckpt_path)
 
     def __repr__(self) -> str:
         return (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +91,11 @@ class _ReplayBufferStream(IterableDataset):
         self._checked_names = False
         #: Batches handed out by iterators of this object in this process.
         self.batches_served = 0
+        #: Raw batches handed out and not yet marked consumed by the DataModule: the ones
+        #: Lightning has read ahead, which a checkpoint saves for an exact resume.
+        self.in_flight: deque[Any] = deque(maxlen=8)
+        #: Batches to hand out before sampling again (read-ahead restored from a checkpoint).
+        self.replay_first: list[Any] = []
 
     # -- public read-only properties ---------------------------------------------------------
     @property
@@ -195,10 +201,13 @@ class _ReplayBufferStream(IterableDataset):
         self._seed_replica(shard)
         self._wait_until_ready()
         drawn = 0
+        self.in_flight.clear()  # what an earlier iterator read ahead was dropped with it
         while count is None or drawn < count:
-            yield self._sample()
-            drawn += 1
+            batch = self.replay_first.pop(0) if self.replay_first else self._sample()
+            self.in_flight.append(batch)
             self.batches_served += 1
+            yield batch
+            drawn += 1
 
     def __len__(self) -> int:
         if self._num_batches is None:

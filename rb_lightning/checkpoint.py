@@ -1,0 +1,512 @@
+"""Replay-buffer state in Lightning checkpoints: inside the ``.ckpt`` or in a directory beside it.
+
+A resumed online RL / RLHF run needs its buffer back exactly: content, writer
+cursor and ``write_count``, sampler state (priorities, the without-replacement
+permutation) and the sampling generator. All of it is written by torchrl's own
+``ReplayBuffer.dumps`` (memory-mapped files) and read back by ``loads``.
+
+Where it goes is a size policy (:data:`DEFAULT_INLINE_MAX_BYTES`):
+
+* small buffers: the dump directory is packed (uncompressed tar) into a
+  ``uint8`` tensor stored in the ``.ckpt`` itself;
+* large buffers: the dump is written to ``<ckpt>.buffer/<version>/`` by
+  :class:`BufferCheckpointIO`, and the ``.ckpt`` only holds a reference. The
+  version directory is written under a temporary name and renamed when
+  complete, before the ``.ckpt`` is written, so a crash never leaves a
+  checkpoint that points at a half-written buffer. It is removed together with
+  its checkpoint (``save_top_k`` rotation goes through ``remove_checkpoint``).
+
+Every dump carries a ``manifest.json`` (item count, ``write_count``, file sizes
+and checksums of the small files) that is verified on load: a missing or
+damaged buffer raises :class:`BufferCheckpointError` naming the path, never a
+silently empty buffer.
+
+Examples:
+    >>> import tempfile
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.checkpoint import dump_buffer, load_buffer
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = dump_buffer(rb, f"{tmp}/buf")
+    ...     restored = ReplayBuffer(storage=LazyTensorStorage(10))
+    ...     _ = load_buffer(restored, f"{tmp}/buf")
+    >>> restored[:]["x"].tolist(), restored.writer._write_count
+    ([0, 1, 2, 3], 4)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
+from torchrl.data import ReplayBuffer
+from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
+
+#: Buffers whose storage holds at most this many bytes go inside the ``.ckpt``;
+#: larger ones are written beside it. ``ReplayBufferDataModule(checkpoint_inline_max_bytes=...)``
+#: overrides it (``0``: always beside).
+DEFAULT_INLINE_MAX_BYTES = 64 * 1024**2
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+BUFFER_DIR_SUFFIX = ".buffer"
+_LIST_STATE = "list_storage_state.pt"
+_EMPTY_STATE = "empty_buffer_state.pt"
+_PENDING = "pending_batches"
+# Files up to this size get a content checksum; larger ones (the memmapped data) are
+# checked by size only, so verification does not re-read gigabytes on every load.
+_CHECKSUM_MAX_BYTES = 1024**2
+
+
+class BufferCheckpointError(RuntimeError):
+    """A checkpointed replay buffer is missing, incomplete or does not match its manifest."""
+
+
+# -- sizes and RNG -----------------------------------------------------------------------------
+def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
+    """Bytes a dump of ``replay_buffer``'s storage would take (its allocated capacity)."""
+    storage = replay_buffer.storage
+    if isinstance(storage, TensorStorage):
+        data = storage._storage if storage.initialized else None
+        if data is None:
+            return 0
+        if isinstance(data, torch.Tensor):
+            return data.numel() * data.element_size()
+        if isinstance(data, TensorDictBase):
+            return int(data.bytes())
+        return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(data))
+    total = 0
+    for item in getattr(storage, "_storage", []):
+        if isinstance(item, TensorDictBase):
+            total += int(item.bytes())
+        elif isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+    return total
+
+
+def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator:
+    """Give ``replay_buffer`` its own ``torch.Generator`` if it has none, and return it.
+
+    Without one, torchrl samplers draw from torch's (or numpy's) global RNG,
+    which a checkpoint cannot restore. The new generator is seeded from
+    ``torch.initial_seed()`` (set by ``seed_everything``), offset so that it
+    does not replay the global stream.
+    """
+    generator = getattr(replay_buffer, "_rng", None)
+    if generator is None:
+        generator = torch.Generator().manual_seed((torch.initial_seed() + 0x9E3779B9) % 2**63)
+        replay_buffer.set_rng(generator)
+    return generator
+
+
+# -- manifest ----------------------------------------------------------------------------------
+def _files(root: Path) -> dict[str, int]:
+    return {
+        path.relative_to(root).as_posix(): path.stat().st_size
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+
+
+def _crc(path: Path) -> int:
+    return zlib.crc32(path.read_bytes())
+
+
+def _write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
+    files = _files(root)
+    content = dict(content)
+    content["format"] = FORMAT_VERSION
+    content["files"] = files
+    content["crc32"] = {
+        name: _crc(root / name) for name, size in files.items() if size <= _CHECKSUM_MAX_BYTES
+    }
+    with open(root / MANIFEST, "w") as file:
+        json.dump(content, file)
+        file.flush()
+        os.fsync(file.fileno())
+    return content
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and verify the manifest of a buffer dump; raise :class:`BufferCheckpointError`."""
+    root = Path(path)
+    if not root.is_dir():
+        raise BufferCheckpointError(
+            f"The checkpoint refers to a replay-buffer directory that does not exist: {root}. "
+            "It is written beside the .ckpt and must be kept (or copied) with it; resume from "
+            "a checkpoint whose buffer directory is present."
+        )
+    manifest_path = root / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as error:
+        raise BufferCheckpointError(
+            f"The replay-buffer directory {root} has no readable {MANIFEST} ({error}): the dump "
+            "is incomplete or damaged. Resume from an earlier checkpoint."
+        ) from error
+    if manifest.get("format") != FORMAT_VERSION:
+        raise BufferCheckpointError(
+            f"{manifest_path} has format {manifest.get('format')!r}; this rb_lightning reads "
+            f"format {FORMAT_VERSION}."
+        )
+    actual = _files(root)
+    for name, size in manifest["files"].items():
+        if actual.get(name) != size:
+            found = "missing" if name not in actual else f"{actual[name]} bytes"
+            raise BufferCheckpointError(
+                f"Replay-buffer dump {root} is corrupted: {name} should hold {size} bytes, "
+                f"found {found}. Resume from an earlier checkpoint."
+            )
+    for name, crc in manifest["crc32"].items():
+        if _crc(root / name) != crc:
+            raise BufferCheckpointError(
+                f"Replay-buffer dump {root} is corrupted: checksum mismatch in {name}. Resume "
+                "from an earlier checkpoint."
+            )
+    return manifest
+
+
+# -- dump / load -------------------------------------------------------------------------------
+def dump_buffer(
+    replay_buffer: ReplayBuffer,
+    path: str | os.PathLike,
+    *,
+    pending_batches: Sequence[Any] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``replay_buffer`` to the new directory ``path`` and return its manifest.
+
+    Tensor storages use torchrl's ``ReplayBuffer.dumps`` (memmapped files);
+    ``ListStorage``, which torchrl cannot dump, is saved with ``torch.save``.
+
+    Args:
+        replay_buffer: The buffer to save.
+        path: A directory that must not exist yet.
+
+    Keyword Args:
+        pending_batches: Batches already sampled but not yet consumed by training
+            (TensorDicts), saved so a resumed run hands them out first.
+        extra: JSON-serialisable values recorded in the manifest.
+    """
+    root = Path(path)
+    root.mkdir(parents=True)
+    storage = replay_buffer.storage
+    if isinstance(storage, ListStorage):
+        kind = "list_state_dict"
+        torch.save(replay_buffer.state_dict(), root / _LIST_STATE)
+    elif not getattr(storage, "initialized", True) or len(replay_buffer) == 0:
+        # torchrl refuses to dump a storage that never received data.
+        kind = "empty"
+        generator = getattr(replay_buffer, "_rng", None)
+        torch.save(
+            {
+                "rng_state": None if generator is None else generator.get_state(),
+                "writer": replay_buffer.writer.state_dict(),
+            },
+            root / _EMPTY_STATE,
+        )
+    else:
+        kind = "torchrl_dumps"
+        replay_buffer.dumps(root)
+    for number, batch in enumerate(pending_batches):
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(
+                f"pending batch {number} is a {type(batch).__name__}; only TensorDict batches "
+                "can be saved for an exact resume."
+            )
+        batch.memmap(root / _PENDING / str(number))
+    return _write_manifest(
+        root,
+        {
+            "kind": kind,
+            "len": len(replay_buffer),
+            "write_count": _write_count(replay_buffer),
+            "pending_batches": len(pending_batches),
+            **(extra or {}),
+        },
+    )
+
+
+def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[TensorDictBase]:
+    """Restore ``replay_buffer`` from a :func:`dump_buffer` directory; return its pending batches.
+
+    The current content of ``replay_buffer`` is replaced. Raises
+    :class:`BufferCheckpointError` naming ``path`` when the directory is
+    missing or does not match its manifest.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    kind = manifest["kind"]
+    if kind == "list_state_dict":
+        _require(
+            isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer
+        )
+        replay_buffer.load_state_dict(torch.load(root / _LIST_STATE, weights_only=False))
+    elif kind == "empty":
+        state = torch.load(root / _EMPTY_STATE, weights_only=False)
+        replay_buffer.empty()
+        replay_buffer.writer.load_state_dict(state["writer"])
+        if state["rng_state"] is not None:
+            ensure_generator(replay_buffer).set_state(state["rng_state"])
+    else:
+        _require(
+            isinstance(replay_buffer.storage, TensorStorage),
+            root,
+            "a tensor storage",
+            replay_buffer,
+        )
+        replay_buffer.loads(root)
+        _restore_non_tensor_leaves(replay_buffer, root / "storage")
+    if (
+        len(replay_buffer) != manifest["len"]
+        or _write_count(replay_buffer) != manifest["write_count"]
+    ):
+        raise BufferCheckpointError(
+            f"Replay buffer loaded from {root} holds {len(replay_buffer)} items (write_count "
+            f"{_write_count(replay_buffer)}), its manifest says {manifest['len']} "
+            f"({manifest['write_count']}). Is the buffer built with the same storage and "
+            "max_size as the one that was saved?"
+        )
+    return [
+        TensorDict.load_memmap(root / _PENDING / str(number)).clone()
+        for number in range(manifest.get("pending_batches", 0))
+    ]
+
+
+def _write_count(replay_buffer: ReplayBuffer) -> int | None:
+    return getattr(replay_buffer.writer, "_write_count", None)
+
+
+def _require(ok: bool, root: Path, what: str, replay_buffer: ReplayBuffer) -> None:
+    if not ok:
+        raise BufferCheckpointError(
+            f"The buffer saved in {root} needs {what}, but the DataModule's buffer uses "
+            f"{type(replay_buffer.storage).__name__}. Build the buffer as in the saved run."
+        )
+
+
+def _restore_non_tensor_leaves(replay_buffer: ReplayBuffer, storage_dir: Path) -> None:
+    # torchrl 0.14 ``loads`` copies tensors only: strings (NonTensorStack) stay as they
+    # were in the live buffer. Put the saved ones back.
+    data = replay_buffer.storage._storage
+    if not isinstance(data, TensorDictBase) or data.is_locked:
+        return
+    saved = TensorDict.load_memmap(storage_dir)
+    for key in saved.keys(include_nested=True):
+        value = saved.get(key)
+        if is_non_tensor(value):
+            data.set(key, value)
+
+
+# -- inline (inside the .ckpt) -----------------------------------------------------------------
+def pack_directory(path: str | os.PathLike) -> torch.Tensor:
+    """The files under ``path`` as an uncompressed tar archive in a ``uint8`` tensor."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        archive.add(str(path), arcname=".")
+    return torch.frombuffer(bytearray(stream.getvalue()), dtype=torch.uint8)
+
+
+def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
+    """Extract an archive made by :func:`pack_directory` into ``path``."""
+    with tarfile.open(fileobj=io.BytesIO(archive.numpy().tobytes()), mode="r") as tar:
+        tar.extractall(path, filter="data")
+
+
+# -- beside the .ckpt --------------------------------------------------------------------------
+class BufferDumpRequest:
+    """Placeholder for a buffer dump, carried in the checkpoint dict until its path is known.
+
+    :class:`BufferCheckpointIO` replaces it with a reference once the dump is
+    written next to the ``.ckpt``. Pickling it means no such plugin ran: that
+    would copy the buffer into the file, so it raises instead.
+    """
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        pending_batches: Sequence[Any] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.replay_buffer = replay_buffer
+        self.pending_batches = list(pending_batches)
+        self.extra = extra or {}
+
+    def write(self, directory: Path) -> dict[str, Any]:
+        """Dump atomically into ``directory/<version>``; return the reference to store."""
+        directory.mkdir(parents=True, exist_ok=True)
+        version = uuid.uuid4().hex
+        staging = directory / f"{version}.tmp"
+        manifest = dump_buffer(
+            self.replay_buffer, staging, pending_batches=self.pending_batches, extra=self.extra
+        )
+        os.replace(staging, directory / version)
+        return {
+            "location": "beside",
+            "dir": directory.name,
+            "version": version,
+            "len": manifest["len"],
+            "write_count": manifest["write_count"],
+        }
+
+    def __reduce__(self) -> Any:
+        raise BufferCheckpointError(
+            "This checkpoint holds a replay buffer too large to store inline, and it is being "
+            "saved without rb_lightning's BufferCheckpointIO, which writes it beside the .ckpt. "
+            "Save through a Trainer that the ReplayBufferDataModule is attached to (it installs "
+            "the plugin), pass Trainer(plugins=[BufferCheckpointIO()]), or raise "
+            "ReplayBufferDataModule(checkpoint_inline_max_bytes=...)."
+        )
+
+
+def buffer_dir_for(checkpoint_path: str | os.PathLike) -> Path:
+    """``<checkpoint>.buffer``, following symlinks (``save_last="link"``) to the real file."""
+    return Path(os.path.realpath(checkpoint_path) + BUFFER_DIR_SUFFIX)
+
+
+def resolve_reference(reference: dict[str, Any], checkpoint_path: str | os.PathLike | None) -> Path:
+    """Directory of a ``"beside"`` buffer reference stored in a checkpoint."""
+    if "resolved" in reference:
+        return Path(reference["resolved"])
+    if checkpoint_path is None:
+        raise BufferCheckpointError(
+            "The checkpoint keeps its replay buffer beside the .ckpt file, but the checkpoint "
+            "path is unknown. Resume with Trainer.fit(..., ckpt_path=<file>)."
+        )
+    return Path(os.path.realpath(checkpoint_path)).parent / reference["dir"] / reference["version"]
+
+
+class BufferCheckpointIO(CheckpointIO):
+    """A ``CheckpointIO`` that writes large replay buffers beside the checkpoint file.
+
+    It wraps another ``CheckpointIO`` (default: Lightning's ``TorchCheckpointIO``)
+    and adds, for each :class:`BufferDumpRequest` in the checkpoint dict:
+    dump to ``<ckpt>.buffer/<version>.tmp``, rename to ``<version>``, then save
+    the ``.ckpt``, then delete older versions. ``remove_checkpoint`` also
+    removes ``<ckpt>.buffer``.
+
+    :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
+    strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
+    wrap a custom ``CheckpointIO``.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        directory = buffer_dir_for(path)
+        written = []
+        for holder, key, request in _find_requests(checkpoint):
+            reference = request.write(directory)
+            holder[key] = reference
+            written.append(reference["version"])
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if written:
+            # The new .ckpt refers to these versions only; older ones (an overwritten
+            # last.ckpt) and leftovers of interrupted saves can go.
+            for entry in directory.iterdir():
+                if entry.name not in written:
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> Any:
+        checkpoint = self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+        for reference in _find_references(checkpoint):
+            reference["resolved"] = str(resolve_reference(reference, path))
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.checkpoint_io.remove_checkpoint(path)
+        shutil.rmtree(str(path) + BUFFER_DIR_SUFFIX, ignore_errors=True)
+
+    def teardown(self) -> None:
+        self.checkpoint_io.teardown()
+
+
+def install_checkpoint_io(trainer: Any) -> None:
+    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO` (idempotent)."""
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None or isinstance(strategy.checkpoint_io, BufferCheckpointIO):
+        return
+    strategy.checkpoint_io = BufferCheckpointIO(strategy.checkpoint_io)
+
+
+def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str, Any]]:
+    found = []
+    for value in checkpoint.values():
+        if isinstance(value, dict):
+            found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
+    return found
+
+
+def _find_references(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    for value in checkpoint.values():
+        if isinstance(value, dict):
+            found += [
+                v for v in value.values() if isinstance(v, dict) and v.get("location") == "beside"
+            ]
+    return found
+
+
+# -- the DataModule's part ---------------------------------------------------------------------
+def buffer_state(
+    replay_buffer: ReplayBuffer,
+    *,
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+    pending_batches: Sequence[Any] = (),
+) -> dict[str, Any] | BufferDumpRequest:
+    """What a DataModule puts in its ``state_dict`` for ``replay_buffer``.
+
+    Inline (a packed dump) when the storage holds at most ``inline_max_bytes``
+    bytes or is a ``ListStorage``; otherwise a :class:`BufferDumpRequest` that
+    :class:`BufferCheckpointIO` writes beside the ``.ckpt``.
+    """
+    ensure_generator(replay_buffer)
+    small = buffer_nbytes(replay_buffer) <= inline_max_bytes
+    if not small and not isinstance(replay_buffer.storage, ListStorage):
+        return BufferDumpRequest(replay_buffer, pending_batches)
+    with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
+        manifest = dump_buffer(replay_buffer, Path(tmp) / "buffer", pending_batches=pending_batches)
+        archive = pack_directory(Path(tmp) / "buffer")
+    return {
+        "location": "inline",
+        "archive": archive,
+        "len": manifest["len"],
+        "write_count": manifest["write_count"],
+    }
+
+
+def restore_buffer_state(
+    replay_buffer: ReplayBuffer,
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None = None,
+) -> list[TensorDictBase]:
+    """Inverse of :func:`buffer_state`; returns the pending batches to hand out first."""
+    location = state.get("location")
+    if location == "inline":
+        with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
+            unpack_directory(state["archive"], tmp)
+            return load_buffer(replay_buffer, tmp)
+    if location == "beside":
+        return load_buffer(replay_buffer, resolve_reference(state, checkpoint_path))
+    raise BufferCheckpointError(
+        f"Unknown replay-buffer location {location!r} in the checkpoint (expected 'inline' or "
+        "'beside'); was it written by a newer rb_lightning?"
+    )

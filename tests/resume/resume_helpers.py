@@ -1,0 +1,102 @@
+"""Tiny real training runs shared by the resume tests and the fault-test script.
+
+Every item carries an ``id``; items written during training get ids derived
+from the step, so two runs that reach the same step write the same items.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from tensordict import NonTensorStack, TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import (
+    PrioritizedSampler,
+    RandomSampler,
+    SamplerWithoutReplacement,
+)
+
+CAPACITY = 96
+INITIAL_ITEMS = 40
+FIRST_ONLINE_ID = 10_000
+
+
+def items(n: int, start: int) -> TensorDict:
+    """``n`` items with ids ``start...``; content is a function of the id (no RNG)."""
+    ids = torch.arange(start, start + n)
+    return TensorDict(
+        {
+            "id": ids,
+            "obs": (ids.float() / 1000).unsqueeze(-1).expand(n, 4).clone(),
+            "text": NonTensorStack(*[f"item {i}" for i in ids.tolist()]),
+        },
+        batch_size=[n],
+    )
+
+
+def make_sampler(kind: str) -> Any:
+    if kind == "prioritized":
+        return PrioritizedSampler(CAPACITY, alpha=0.8, beta=0.5)
+    if kind == "without_replacement":
+        return SamplerWithoutReplacement()
+    return RandomSampler()
+
+
+def make_buffer(sampler: str = "random", *, filled: bool = True, seed: int = 0) -> ReplayBuffer:
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(CAPACITY),
+        sampler=make_sampler(sampler),
+        generator=torch.Generator().manual_seed(seed),
+    )
+    if filled:
+        rb.extend(items(INITIAL_ITEMS, 0))
+    return rb
+
+
+class Recorder(L.LightningModule):
+    """Records the ids of every batch; optionally writes items and updates priorities."""
+
+    def __init__(self, write_per_step: int = 0, update_priority: bool = False) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.write_per_step = write_per_step
+        self.update_priority = update_priority
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append(batch["id"].tolist())
+        datamodule = self.trainer.datamodule
+        if self.write_per_step:
+            start = FIRST_ONLINE_ID + self.global_step * self.write_per_step
+            datamodule.replay_buffer.extend(items(self.write_per_step, start))
+        if self.update_priority:
+            datamodule.update_priority(batch, (batch["id"] % 7 + 1).float())
+        return self.net(batch["obs"]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def make_trainer(root: Path, max_steps: int, every: int, **kwargs: Any) -> L.Trainer:
+    checkpoint = ModelCheckpoint(
+        dirpath=Path(root) / "ckpt", save_last=True, every_n_train_steps=every
+    )
+    return L.Trainer(
+        default_root_dir=str(root),
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[checkpoint],
+        **kwargs,
+    )
+
+
+def buffer_ids(rb: ReplayBuffer) -> list[int]:
+    """Ids of the stored items, in storage order."""
+    return rb[torch.arange(len(rb))]["id"].tolist()
