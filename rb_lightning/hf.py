@@ -638,3 +638,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["export_main", "from_hf_dataset", "infer_features", "to_hf_dataset"]
+
+
+if __name__ == "__main__":  # python -m rb_lightning.hf BUFFER OUT
+    raise SystemExit(export_main())
