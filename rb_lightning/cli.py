@@ -1,20 +1,295 @@
-"""LightningCLI entry point for rb_lightning runs."""
+"""LightningCLI entry point: ``python train.py fit --config configs/<run>.yaml``.
+
+Any ``LightningModule`` (``model:``) and any ``LightningDataModule`` (``data:``)
+is selected by ``class_path``; the replay buffer and each of its parts
+(storage, sampler, writer, ``prefetch``...) are ``class_path`` entries of their
+own under ``data.init_args.replay_buffer``, and where the data comes from is
+``data.init_args.source`` (:mod:`rb_lightning.sources`) or a collector callback
+under ``trainer.callbacks``.
+
+A mistake in a config (an unknown class, an unknown or mistyped argument, a
+missing file, a constructor that rejects its arguments) ends the run with one
+paragraph on stderr naming the config key, and exit code 2, instead of a usage
+dump or a traceback. Set ``RB_LIGHTNING_DEBUG=1`` to get the traceback.
+"""
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from jsonargparse.typing import register_type
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
+from tensordict.utils import NestedKey
+
+from rb_lightning.sources import SourceError
+
+#: Exit code of a run stopped by a config error (argparse's code for usage errors).
+CONFIG_ERROR_EXIT_CODE = 2
+_DEBUG_ENV = "RB_LIGHTNING_DEBUG"
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
-def main(args: list[str] | None = None) -> LightningCLI:
-    """Run ``LightningCLI`` with any LightningModule / LightningDataModule by ``class_path``."""
-    return LightningCLI(
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        save_config_kwargs={"overwrite": True},
-    )
+class ConfigError(Exception):
+    """A config that cannot be parsed or instantiated; ``str(err)`` is the one-paragraph message.
+
+    Attributes:
+        key: The config key at fault, e.g. ``"data.init_args.replay_buffer.init_args.storage"``.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"config error at {key}: {message}" if key else f"config error: {message}")
+        self.key = key
+
+
+# -- nested keys --------------------------------------------------------------------------------
+# torchrl types key arguments (SliceSampler(traj_key=...), TensorDictReplayBuffer(priority_key=...))
+# as tensordict's NestedKey, which jsonargparse can neither check nor print ("Unable to
+# serialize instance"). In YAML a nested key is a string or a list of strings: [next, done].
+def _nested_key_to_yaml(key: NestedKey) -> str | list[str]:
+    return key if isinstance(key, str) else list(key)
+
+
+def _nested_key_from_yaml(value: Any) -> NestedKey:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return value[0] if len(value) == 1 else tuple(value)
+    raise ValueError(f"a nested key is a string or a list of strings, got {value!r}")
+
+
+register_type(
+    NestedKey,
+    _nested_key_to_yaml,
+    _nested_key_from_yaml,
+    type_check=lambda value, _type: isinstance(value, NestedKey),
+)
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+class ReplayBufferCLI(LightningCLI):
+    """``LightningCLI`` that reports config errors as :class:`ConfigError` naming the key."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Parse errors are raised (not printed with a usage wall and exited) so that
+        # main() can name the key in one paragraph.
+        parser_kwargs = {"exit_on_error": False}
+        parser_kwargs.update({name: {"exit_on_error": False} for name in _SUBCOMMANDS})
+        for key, value in (kwargs.pop("parser_kwargs", None) or {}).items():
+            if key in _SUBCOMMANDS:
+                parser_kwargs[key] = {**parser_kwargs[key], **value}
+            else:
+                parser_kwargs[key] = value
+        super().__init__(*args, parser_kwargs=parser_kwargs, **kwargs)
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except Exception as err:
+            if os.environ.get(_DEBUG_ENV) or not _is_argument_error(err):
+                raise
+            raise _parse_error(err) from err
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            if os.environ.get(_DEBUG_ENV):
+                raise
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            raise _instantiation_error(err, config) from err
+
+
+def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
+    """Run the CLI; a config error prints one paragraph to stderr and exits with code 2.
+
+    Args:
+        args: Command-line arguments (``sys.argv[1:]`` when ``None``), e.g.
+            ``["fit", "--config", "configs/llm_sft.yaml", "--trainer.max_steps=3"]``.
+        run: ``False`` instantiates the classes without running a subcommand
+            (then ``args`` has no subcommand).
+
+    Returns:
+        The CLI, with ``.model``, ``.datamodule`` and ``.trainer`` after the run.
+    """
+    try:
+        return ReplayBufferCLI(
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            run=run,
+            save_config_kwargs={"overwrite": True},
+        )
+    except (ConfigError, SourceError) as err:
+        if os.environ.get(_DEBUG_ENV):
+            raise
+        message = str(err)
+        if isinstance(err, SourceError):
+            key = getattr(err, "key", "source")
+            message = f"config error at data.init_args.{key}: {message}"
+        print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
 
 
 def console_main() -> None:
     """``rb-lightning`` console script."""
     main()
+
+
+# -- parse errors -------------------------------------------------------------------------------
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':")
+_NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted|does not accept option '([^']+)'")
+_NO_ATTRIBUTE = re.compile(r"^module '([^']+)' has no attribute '([^']+)'")
+
+
+def _is_argument_error(err: BaseException) -> bool:
+    return any(type(e).__name__ == "ArgumentError" for e in _causes(err))
+
+
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].strip() if text else type(err).__name__
+
+
+def _one_paragraph(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _parse_error(err: BaseException) -> ConfigError:
+    """Turn jsonargparse's chained parse error into the key at fault and the innermost reason.
+
+    jsonargparse chains one exception per nesting level ('Parser key "data":',
+    "Problem with given class_path 'X':", ...) down to the original error.
+    """
+    parts: list[str] = []
+    class_path: str | None = None
+    previous = None
+    chain = list(_causes(err))
+    for e in chain:
+        line = _first_line(e)
+        if line == previous:
+            continue
+        previous = line
+        if match := _PARSER_KEY.match(line):
+            parts.append(match.group(1))
+        elif match := _CLASS_PATH.match(line):
+            class_path = match.group(1)
+            parts.append("init_args")
+    while parts and parts[-1] == "init_args":
+        parts.pop()
+    key = ".".join(parts)
+    leaf = chain[-1]
+    reason = _one_paragraph(str(leaf)) or type(leaf).__name__
+    if match := _PARSER_KEY.match(reason):  # e.g. 'Parser key "config": File does not exist'
+        key, reason = key or match.group(1), match.group(2)
+    if match := _NOT_ACCEPTED.search(reason):
+        return _unknown_argument(key, match.group(1) or match.group(2), class_path)
+    if match := _NO_ATTRIBUTE.match(reason):
+        hint = _did_you_mean(match.group(2), _module_names(match.group(1)))
+        reason = f"class_path {class_path!r} cannot be imported: {reason}.{hint}"
+    elif isinstance(leaf, ImportError):
+        reason = f"class_path {class_path!r} cannot be imported: {reason}."
+    elif not reason.endswith("."):
+        reason += "."
+    return ConfigError(key, reason)
+
+
+def _unknown_argument(key: str, option: str, class_path: str | None) -> ConfigError:
+    name = option.rsplit(".", 1)[-1]
+    accepted = _parameters(class_path) if class_path else []
+    where = f"{class_path} has no parameter {name!r}" if class_path else f"unknown key {name!r}"
+    detail = f" (it takes: {', '.join(accepted)})." if accepted else "."
+    full_key = ".".join(part for part in (key, "init_args" if class_path else "", option) if part)
+    return ConfigError(full_key, f"{where}{detail}{_did_you_mean(name, accepted)}")
+
+
+def _parameters(class_path: str) -> list[str]:
+    cls = _import(class_path)
+    if cls is None:
+        return []
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _module_names(module_name: str) -> list[str]:
+    try:
+        return [n for n in dir(importlib.import_module(module_name)) if not n.startswith("_")]
+    except ImportError:
+        return []
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _import(class_path: str) -> Any:
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+# -- instantiation errors -----------------------------------------------------------------------
+def _instantiation_error(err: BaseException, config: Any) -> ConfigError:
+    """Name the config entry whose constructor raised ``err`` (found in the traceback)."""
+    leaf = list(_causes(err))[-1]
+    classes = _configured_classes(config)
+    key, class_path = "", None
+    tb = leaf.__traceback__
+    # The innermost constructor of a configured class on the stack is the one that failed
+    # (a buffer may build its sampler itself, from a factory jsonargparse hands it).
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        if isinstance(owner, Trainer):
+            key, class_path = "trainer", None
+        elif owner is not None:
+            matches = [(k, cp) for k, cp, cls in classes if type(owner) is cls]
+            if matches:
+                key, class_path = matches[0]
+        tb = tb.tb_next
+    what = f"{class_path}(...) raised " if class_path else ""
+    return ConfigError(key, f"{what}{type(leaf).__name__}: {_one_paragraph(str(leaf))}")
+
+
+def _configured_classes(config: Any) -> list[tuple[str, str, type]]:
+    """``(key, class_path, class)`` for every ``class_path`` entry in the parsed config."""
+    found: list[tuple[str, str, type]] = []
+
+    def walk(node: Any, key: str) -> None:
+        if hasattr(node, "as_dict"):
+            node = node.as_dict()
+        if isinstance(node, dict):
+            if isinstance(node.get("class_path"), str):
+                cls = _import(node["class_path"])
+                if cls is not None:
+                    found.append((key, node["class_path"], cls))
+            for name, value in node.items():
+                walk(value, f"{key}.{name}" if key else name)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{key}[{i}]")
+
+    walk(config, "")
+    return found

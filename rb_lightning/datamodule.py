@@ -29,8 +29,24 @@ from rb_lightning.checkpoint import (
     restore_buffer_state,
 )
 from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDataset, batch_loader
+from rb_lightning.sources import BufferSource, SourceError
 
 AUTO = "auto"
+
+
+def _check_source(
+    source: Any, name: str, buffer: ReplayBuffer | None, buffer_name: str
+) -> BufferSource | None:
+    if source is None:
+        return None
+    if not isinstance(source, BufferSource):
+        raise TypeError(
+            f"{name} must be a rb_lightning.sources.BufferSource (LoadDirectory, CallSource), "
+            f"got {type(source).__name__}."
+        )
+    if buffer is None:
+        raise ValueError(f"{name} fills {buffer_name}, but no {buffer_name} was given.")
+    return source
 
 
 class ReplayBufferDataModule(LightningDataModule):
@@ -62,6 +78,11 @@ class ReplayBufferDataModule(LightningDataModule):
         min_size: Wait until the training buffer holds this many items before
             the first sample (for a collector filling it concurrently).
         wait_timeout: Seconds to wait for ``min_size`` before raising.
+        source: Optional :class:`~rb_lightning.sources.BufferSource` that fills
+            the training buffer once, in :meth:`setup` (a directory saved with
+            ``rb.dumps``, or a ``"module:function"``).
+        val_source: Same, for ``val_buffer``.
+        test_source: Same, for ``test_buffer``.
         checkpoint_inline_max_bytes: Checkpoints carry the training buffer
             (content, sampler, writer, generator). Buffers whose storage holds
             at most this many bytes (default 64 MiB) go inside the ``.ckpt``;
@@ -109,6 +130,9 @@ class ReplayBufferDataModule(LightningDataModule):
         test_buffer: ReplayBuffer | None = None,
         min_size: int | None = None,
         wait_timeout: float = 600.0,
+        source: BufferSource | None = None,
+        val_source: BufferSource | None = None,
+        test_source: BufferSource | None = None,
         checkpoint_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
     ) -> None:
         super().__init__()
@@ -131,7 +155,18 @@ class ReplayBufferDataModule(LightningDataModule):
         )
         self.min_size = check_positive_int(min_size, "min_size", allow_none=True)
         self.wait_timeout = wait_timeout
+        self.source, self.val_source, self.test_source = source, val_source, test_source
+        self._unfilled = [
+            (name, src, buffer)
+            for name, src, buffer, buffer_name in (
+                ("source", source, self.replay_buffer, "replay_buffer"),
+                ("val_source", val_source, self.val_buffer, "val_buffer"),
+                ("test_source", test_source, self.test_buffer, "test_buffer"),
+            )
+            if _check_source(src, name, buffer, buffer_name) is not None
+        ]
         self._check_workers_fit_buffer()
+        self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
         # val/test hooks when there is a buffer behind them.
         if self.val_buffer is not None:
@@ -163,6 +198,18 @@ class ReplayBufferDataModule(LightningDataModule):
                 "num_workers>0 with a ListStorage: spawned worker processes cannot share a "
                 "ListStorage. Use LazyTensorStorage (call rb.share() first for live updates) or "
                 "LazyMemmapStorage, or num_workers=0."
+            )
+
+    def _check_prefetch_batch_size(self) -> None:
+        # A prefetching buffer samples ahead with its own batch_size and returns those
+        # batches whatever size sample() asks for (torchrl only warns).
+        rb = self.replay_buffer
+        own = getattr(rb, "_batch_size", None)
+        if getattr(rb, "_prefetch", False) and own != self.batch_size:
+            raise ValueError(
+                f"The replay buffer prefetches batches of its own batch_size={own}, but the "
+                f"DataModule asks for batch_size={self.batch_size}; the buffer would silently "
+                f"return batches of {own}. Give the buffer batch_size={self.batch_size} too."
             )
 
     def _resolve_num_batches(self) -> int | None:
@@ -199,6 +246,18 @@ class ReplayBufferDataModule(LightningDataModule):
                 "Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
                 "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int>."
             )
+
+    # -- data -------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Fill the buffers from their sources, once, whichever stage sets up first."""
+        while self._unfilled:
+            name, source, buffer = self._unfilled[0]
+            try:
+                source.fill(buffer)
+            except SourceError as err:
+                err.key = name  # which DataModule argument, for the CLI's message
+                raise
+            self._unfilled.pop(0)
 
     # -- dataloaders ------------------------------------------------------------------------
     def _loader(self, dataset: Any) -> DataLoader:

@@ -6,6 +6,7 @@ from the step, so two runs that reach the same step write the same items.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,11 @@ def make_sampler(kind: str) -> Any:
     return RandomSampler()
 
 
-def make_buffer(sampler: str = "random", *, filled: bool = True, seed: int = 0) -> ReplayBuffer:
+def make_buffer(
+    sampler: str = "random", *, filled: bool = True, seed: int = 0, capacity: int = CAPACITY
+) -> ReplayBuffer:
     rb = ReplayBuffer(
-        storage=LazyTensorStorage(CAPACITY),
+        storage=LazyTensorStorage(capacity),
         sampler=make_sampler(sampler),
         generator=torch.Generator().manual_seed(seed),
     )
@@ -60,15 +63,37 @@ def make_buffer(sampler: str = "random", *, filled: bool = True, seed: int = 0) 
 class Recorder(L.LightningModule):
     """Records the ids of every batch; optionally writes items and updates priorities."""
 
-    def __init__(self, write_per_step: int = 0, update_priority: bool = False) -> None:
+    def __init__(
+        self,
+        write_per_step: int = 0,
+        update_priority: bool = False,
+        delay: float = 0.0,
+        prefill: int = 0,
+    ) -> None:
         super().__init__()
+        self.delay = delay
+        self.prefill = prefill
+        #: Step and stored ids when training (re)started: what a resume restored.
+        self.start_step: int | None = None
+        self.start_ids: list[int] = []
         self.net = torch.nn.Linear(4, 1)
         self.write_per_step = write_per_step
         self.update_priority = update_priority
         self.seen: list[list[int]] = []
 
+    def setup(self, stage: str) -> None:
+        # Like a script that fills its buffer at start-up; a resume replaces that content.
+        rb = self.trainer.datamodule.replay_buffer
+        if self.prefill and len(rb) == 0:
+            rb.extend(items(self.prefill, 0))
+
+    def on_train_start(self) -> None:
+        self.start_step = self.global_step
+        self.start_ids = buffer_ids(self.trainer.datamodule.replay_buffer)
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.seen.append(batch["id"].tolist())
+        time.sleep(self.delay)  # the fault test needs a run slow enough to be killed mid-way
         datamodule = self.trainer.datamodule
         if self.write_per_step:
             start = FIRST_ONLINE_ID + self.global_step * self.write_per_step
@@ -95,6 +120,11 @@ def make_trainer(root: Path, max_steps: int, every: int, **kwargs: Any) -> L.Tra
         callbacks=[checkpoint],
         **kwargs,
     )
+
+
+def online_ids(steps: int, per_step: int) -> list[int]:
+    """Ids a :class:`Recorder` writes in its first ``steps`` steps."""
+    return list(range(FIRST_ONLINE_ID, FIRST_ONLINE_ID + steps * per_step))
 
 
 def buffer_ids(rb: ReplayBuffer) -> list[int]:

@@ -1,0 +1,161 @@
+"""``CausalLMModule``: a ``transformers`` causal LM, built from a config, trained on buffer batches.
+
+The model is built with ``AutoModelForCausalLM.from_config`` (no download), so
+a YAML config chooses its architecture and size through ``class_path``
+(``transformers.LlamaConfig``, ``transformers.GPT2Config``...). Batches are the
+``TensorDict`` s a :class:`~rb_lightning.ReplayBufferDataModule` samples: int64
+``input_ids`` and ``attention_mask``, and ``labels`` with ``-100`` where no loss
+is wanted (without ``labels``, the loss covers every attended token).
+
+:func:`fill_arithmetic_sft` fills a buffer with the synthetic arithmetic task of
+:mod:`rb_lightning.llm.data` (tokenizer built locally); it is what
+``configs/llm_sft.yaml`` names as its ``CallSource``.
+
+Examples:
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.llm.module import CausalLMModule, fill_arithmetic_sft
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(64))
+    >>> fill_arithmetic_sft(rb, num_examples=8)
+    >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,
+    ...                      num_hidden_layers=1, num_attention_heads=2)
+    >>> module = CausalLMModule(config)
+    >>> loss = module.training_step(rb.sample(4), 0)
+    >>> bool(loss > 0)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import ReplayBuffer
+
+from rb_lightning.llm.data import (
+    IGNORE_INDEX,
+    arithmetic_examples,
+    arithmetic_tensordict,
+    make_tokenizer,
+)
+
+try:
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'rb_lightning.llm.module needs the "hf" extra: pip install "rb-lightning[hf]"'
+    ) from err
+
+
+class CausalLMModule(L.LightningModule):
+    """Next-token training of a causal LM made from a ``transformers`` config.
+
+    Args:
+        config: The model's config, e.g. ``LlamaConfig(vocab_size=18, hidden_size=64, ...)``;
+            the model is ``AutoModelForCausalLM.from_config(config)``, randomly initialised.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: Linear learning-rate warm-up over this many steps (0: none).
+        input_key: Batch key of the token ids.
+        attention_mask_key: Batch key of the attention mask (``None``: attend to every token).
+        labels_key: Batch key of the labels (``-100`` = no loss). When the batch
+            has no such key, the labels are the token ids with ``-100`` on padding.
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        lr: float = 3e-3,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        *,
+        input_key: str = "input_ids",
+        attention_mask_key: str | None = "attention_mask",
+        labels_key: str = "labels",
+    ) -> None:
+        super().__init__()
+        if not isinstance(config, PretrainedConfig):
+            raise TypeError(
+                f"config must be a transformers PretrainedConfig (e.g. LlamaConfig(...)), got "
+                f"{type(config).__name__}."
+            )
+        self.save_hyperparameters()
+        self.model = AutoModelForCausalLM.from_config(config)
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_steps = warmup_steps
+        self.input_key = input_key
+        self.attention_mask_key = attention_mask_key
+        self.labels_key = labels_key
+
+    def _loss(self, batch: TensorDictBase) -> torch.Tensor:
+        keys = set(batch.keys())
+        if self.input_key not in keys:
+            raise KeyError(
+                f"CausalLMModule: the batch has no {self.input_key!r} key (it has "
+                f"{sorted(map(str, keys))}). Set input_key=, or fill the buffer with token ids."
+            )
+        input_ids = batch[self.input_key]
+        mask = batch[self.attention_mask_key] if self.attention_mask_key in keys else None
+        if self.labels_key in keys:
+            labels = batch[self.labels_key]
+        else:
+            labels = input_ids if mask is None else input_ids.masked_fill(mask == 0, IGNORE_INDEX)
+        return self.model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+
+    def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch.shape[0])
+        return loss
+
+    def validation_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("val_loss", loss, prog_bar=True, batch_size=batch.shape[0])
+        return loss
+
+    def test_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("test_loss", loss, batch_size=batch.shape[0])
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.warmup_steps <= 0:
+            return optimizer
+        warmup = self.warmup_steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def fill_arithmetic_sft(
+    replay_buffer: ReplayBuffer,
+    num_examples: int = 2048,
+    seed: int = 0,
+    max_length: int = 16,
+    max_operand: int = 50,
+    text: bool = True,
+) -> None:
+    """Fill ``replay_buffer`` with tokenized arithmetic examples ("12+7=" → "19").
+
+    A ``CallSource`` target: the tokenizer is built here, locally, so a YAML
+    config only names this function and plain numbers.
+
+    Args:
+        replay_buffer: The buffer to extend.
+        num_examples: Items to write.
+        seed: Seed of the examples.
+        max_length: Tokens per item (padded).
+        max_operand: Largest operand.
+        text: Also store the ``prompt`` / ``completion`` strings. ``False``
+            keeps only tensors, e.g. for a buffer saved with ``dumps``
+            (torchrl 0.14.1's ``loads`` restores string columns wrongly).
+    """
+    tokenizer = make_tokenizer()
+    examples = arithmetic_examples(num_examples, seed=seed, max_operand=max_operand)
+    items = arithmetic_tensordict(examples, tokenizer, max_length=max_length)
+    replay_buffer.extend(items if text else items.exclude("prompt", "completion"))

@@ -1,0 +1,143 @@
+"""A bad config ends the run with one paragraph naming the key, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, toy_config
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+
+def _buffer(**overrides):
+    init = {
+        "storage": {"class_path": "torchrl.data.LazyTensorStorage", "init_args": {"max_size": 100}}
+    }
+    init.update(overrides)
+    return {"class_path": "torchrl.data.TensorDictReplayBuffer", "init_args": init}
+
+
+def _source(class_path, **init_args):
+    return {"class_path": f"rb_lightning.sources.{class_path}", "init_args": init_args}
+
+
+def _saved_buffer(path):
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50))
+    rb.extend(TensorDict({"x": torch.randn(8, 4), "y": torch.randn(8, 1)}, batch_size=[8]))
+    rb.dumps(path)
+    return str(path)
+
+
+BUF = "data.init_args.replay_buffer.init_args"
+CASES = {
+    "unknown class": (
+        toy_config(_buffer(sampler={"class_path": "torchrl.data.SliceSamplr"})),
+        [f"{BUF}.sampler:", "'torchrl.data.SliceSamplr' cannot be imported", "'SliceSampler'?"],
+    ),
+    "unknown argument": (
+        toy_config(
+            _buffer(
+                storage={
+                    "class_path": "torchrl.data.LazyTensorStorage",
+                    "init_args": {"max_sise": 5},
+                }
+            )
+        ),
+        [f"{BUF}.storage.init_args.max_sise:", "has no parameter 'max_sise'", "'max_size'?"],
+    ),
+    "wrong type": (
+        toy_config(_buffer(), batch_size="eight"),
+        ["data.init_args.batch_size:", "Expected a <class 'int'>", "eight"],
+    ),
+    "unknown model": (
+        {**toy_config(_buffer()), "model": {"class_path": "cli_toy.Regresor"}},
+        ["at model:", "'cli_toy.Regresor' cannot be imported", "'Regressor'?"],
+    ),
+    "constructor rejects value": (
+        toy_config(_buffer(), batch_size=0),
+        [
+            "at data:",
+            "ReplayBufferDataModule(...) raised ValueError",
+            "batch_size must be a positive",
+        ],
+    ),
+    "nested constructor rejects value": (
+        toy_config(
+            _buffer(
+                sampler={
+                    "class_path": "torchrl.data.SliceSampler",
+                    "init_args": {"num_slices": 2, "slice_len": 4},
+                }
+            )
+        ),
+        [f"at {BUF}.sampler:", "SliceSampler(...) raised"],
+    ),
+    "missing saved directory": (
+        toy_config(_buffer(), source=_source("LoadDirectory", path="/nonexistent/rb_dir")),
+        ["at data.init_args.source:", "'/nonexistent/rb_dir'", "no such directory"],
+    ),
+    "function cannot be imported": (
+        toy_config(_buffer(), source=_source("CallSource", function="cli_toy:fill_regresion")),
+        ["at data.init_args.source:", "has no attribute 'fill_regresion'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_config_gives_one_paragraph_naming_the_key(
+    name, run_cli, write_config, capsys, tmp_path
+):
+    config, expected = CASES[name]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(write_config(config))])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    message = err.splitlines()[-1]
+    assert message.startswith("error: config error at"), err
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+    assert "usage:" not in err and "Traceback" not in err
+
+
+def test_saved_directory_that_does_not_match_the_buffer(run_cli, write_config, capsys, tmp_path):
+    path = _saved_buffer(tmp_path / "saved")  # capacity 50; the config's buffer holds 100
+    config = toy_config(_buffer(), source=_source("LoadDirectory", path=path))
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(write_config(config)), "--trainer.max_steps=1"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "at data.init_args.source:" in message and "max_size: 50" in message
+
+
+def test_missing_config_file_and_unknown_subcommand(run_cli, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", "configs/no_such_run.yaml"])
+    assert exit_info.value.code == 2
+    assert "no_such_run.yaml" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fitt"])
+    assert exit_info.value.code == 2
+    assert "'fitt'" in capsys.readouterr().err
+
+
+def test_train_py_reports_a_typo_without_traceback(tmp_path, write_config):
+    config = write_config(toy_config(_buffer(sampler={"class_path": "torchrl.data.RandomSamplr"})))
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'cli'}{os.pathsep}{REPO}"}
+    env.pop(_DEBUG := "RB_LIGHTNING_DEBUG", None)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr
+    assert lines[-1].startswith(f"error: config error at {BUF}.sampler:"), result.stderr
+    assert "'RandomSampler'?" in lines[-1] and _DEBUG in lines[-1]

@@ -1,0 +1,135 @@
+"""LoadDirectory and CallSource: fill a buffer, and fail early and clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+
+from rb_lightning import ReplayBufferDataModule
+from rb_lightning.sources import CallSource, LoadDirectory, SourceError, resolve_callable
+
+
+def _saved(tmp_path, capacity=32, n=10, strings=False):
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(capacity))
+    items = {"id": torch.arange(n), "obs": {"x": torch.randn(n, 3)}}
+    if strings:
+        items["text"] = NonTensorStack(*[f"t{i}" for i in range(n)])
+    rb.extend(TensorDict(items, batch_size=[n]))
+    path = tmp_path / "saved"
+    rb.dumps(path)
+    return rb, path
+
+
+def test_load_directory_restores_items_in_order(tmp_path):
+    saved, path = _saved(tmp_path)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(32))
+    LoadDirectory(path).fill(rb)
+    assert len(rb) == 10
+    assert torch.equal(rb[:10]["id"], torch.arange(10))
+    assert torch.equal(rb[:10]["obs", "x"], saved[:10]["obs", "x"])
+
+
+def test_load_directory_missing_or_foreign_directory_fails_at_construction(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no such directory.*dumps"):
+        LoadDirectory(tmp_path / "nope")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"storage_metadata.json.*not written by"):
+        LoadDirectory(tmp_path / "other")
+
+
+def test_load_directory_capacity_mismatch_names_both_sizes(tmp_path):
+    _, path = _saved(tmp_path, capacity=32)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16))
+    with pytest.raises(SourceError, match=r"capacity 32.*max_size=16.*max_size: 32"):
+        LoadDirectory(path).fill(rb)
+
+
+def test_load_directory_wraps_torchrl_errors(tmp_path):
+    _, path = _saved(tmp_path)
+    (path / "storage" / "meta.json").write_text("{truncated")  # a damaged save
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(32))
+    with pytest.raises(SourceError, match=r"could not load into TensorDictReplayBuffer"):
+        LoadDirectory(path).fill(rb)
+
+
+def test_load_directory_warns_about_string_columns(tmp_path):
+    _, path = _saved(tmp_path, strings=True)
+    assert LoadDirectory(path).non_tensor_keys() == ["text"]
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(32))
+    with pytest.warns(UserWarning, match=r"non-tensor columns \['text'\]"):
+        LoadDirectory(path).fill(rb)
+
+
+def fill_ids(replay_buffer, n: int = 3, start: int = 0):
+    replay_buffer.extend(TensorDict({"id": torch.arange(start, start + n)}, batch_size=[n]))
+
+
+def test_call_source_calls_function_with_buffer_and_kwargs():
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    CallSource(f"{__name__}:fill_ids", kwargs={"n": 4, "start": 5}).fill(rb)
+    assert rb[:4]["id"].tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "match"),
+    [
+        ("no_colon_here", ValueError, r"'package.module:function'"),
+        ("not_a_module_xyz:fill", ImportError, r"cannot import module 'not_a_module_xyz'"),
+        ("torchrl.data:NoSuchThing", ImportError, r"has no attribute 'NoSuchThing'"),
+        ("torchrl:__version__", TypeError, r"not a callable"),
+    ],
+)
+def test_call_source_bad_function_fails_at_construction(spec, error, match):
+    with pytest.raises(error, match=match):
+        CallSource(spec)
+    with pytest.raises(error):
+        resolve_callable(spec)
+
+
+def test_datamodule_fills_each_buffer_once_from_its_source():
+    train, val = (
+        ReplayBuffer(storage=LazyTensorStorage(20)),
+        ReplayBuffer(storage=LazyTensorStorage(20)),
+    )
+    dm = ReplayBufferDataModule(
+        train,
+        batch_size=2,
+        val_buffer=val,
+        source=CallSource(f"{__name__}:fill_ids", kwargs={"n": 5}),
+        val_source=CallSource(f"{__name__}:fill_ids", kwargs={"n": 2, "start": 100}),
+    )
+    dm.setup("fit")
+    dm.setup("validate")  # a second stage does not fill again
+    assert len(train) == 5 and len(val) == 2
+    assert val[:2]["id"].tolist() == [100, 101]
+
+
+def test_datamodule_rejects_source_without_its_buffer_or_of_wrong_type():
+    rb = ReplayBuffer(storage=LazyTensorStorage(20))
+    with pytest.raises(ValueError, match="val_source fills val_buffer, but no val_buffer"):
+        ReplayBufferDataModule(rb, val_source=CallSource(f"{__name__}:fill_ids"))
+    with pytest.raises(TypeError, match="source must be a rb_lightning.sources.BufferSource"):
+        ReplayBufferDataModule(rb, source=fill_ids)
+
+
+def test_datamodule_source_error_names_the_argument(tmp_path):
+    _, path = _saved(tmp_path, capacity=32)
+    dm = ReplayBufferDataModule(
+        TensorDictReplayBuffer(storage=LazyTensorStorage(32)),
+        val_buffer=TensorDictReplayBuffer(storage=LazyTensorStorage(8)),
+        val_source=LoadDirectory(path),
+    )
+    with pytest.raises(SourceError) as info:
+        dm.setup("fit")
+    assert info.value.key == "val_source"
+
+
+def test_prefetching_buffer_must_share_the_batch_size():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(20), prefetch=2, batch_size=4)
+    with pytest.raises(
+        ValueError, match=r"prefetches batches of its own batch_size=4.*batch_size=8"
+    ):
+        ReplayBufferDataModule(rb, batch_size=8)
+    ReplayBufferDataModule(rb, batch_size=4)
