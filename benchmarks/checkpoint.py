@@ -16,7 +16,8 @@ For each, in one process, so the ratios are fair:
   ``load_checkpoint`` + ``restore_buffer_state`` (manifest check, ``loads``,
   item-count check) into a fresh buffer.
 
-Each number is the median of ``--repeats`` runs; the ratio is ours / bare.
+Each number is the median of ``--repeats`` runs, bare and ours alternating; the
+ratio is ours / bare.
 Run from the repository root::
 
     python benchmarks/checkpoint.py                              # about 1-2 minutes
@@ -63,14 +64,18 @@ def token_items(n: int, seq_len: int) -> TensorDict:
     return TensorDict({"tokens": torch.randint(0, 32_000, (n, seq_len))}, batch_size=[n])
 
 
-def median_time(fn: Callable[[], None], repeats: int, reset: Callable[[], None]) -> float:
-    times = []
+def paired_medians(
+    bare: Callable[[], None], ours: Callable[[], None], repeats: int, reset: Callable[[], None]
+) -> tuple[float, float]:
+    """Median seconds of ``bare`` and ``ours``, run alternately so drift hits both alike."""
+    times: dict[int, list[float]] = {0: [], 1: []}
     for _ in range(repeats):
-        reset()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for which, fn in enumerate((bare, ours)):
+            reset()
+            start = time.perf_counter()
+            fn()
+            times[which].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def measure(name: str, data: TensorDict, repeats: int, root: Path) -> dict[str, float]:
@@ -105,14 +110,22 @@ def measure(name: str, data: TensorDict, repeats: int, root: Path) -> dict[str, 
         state = io.load_checkpoint(ckpt)["DataModule"]["buffer"]
         restore_buffer_state(targets[0], state)
 
-    result = {
-        "bare save": median_time(lambda: rb.dumps(bare_dir), repeats, clear),
-        "ours save": median_time(ours_save, repeats, clear),
-    }
+    result = dict(
+        zip(
+            ("bare save", "ours save"),
+            paired_medians(lambda: rb.dumps(bare_dir), ours_save, repeats, clear),
+            strict=True,
+        )
+    )
     rb.dumps(bare_dir)
     ours_save()
-    result["bare load"] = median_time(bare_load, repeats, new_target)
-    result["ours load"] = median_time(ours_load, repeats, new_target)
+    result.update(
+        zip(
+            ("bare load", "ours load"),
+            paired_medians(bare_load, ours_load, repeats, new_target),
+            strict=True,
+        )
+    )
     assert torch.equal(
         targets[0][:]["obs" if name == "rl" else "tokens"],
         rb[:]["obs" if name == "rl" else "tokens"],
