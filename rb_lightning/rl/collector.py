@@ -1,0 +1,320 @@
+"""``OnlineCollector``: grow the replay buffer from a live environment while ``Trainer.fit`` runs."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import Collector
+from torchrl.data import ReplayBuffer
+from torchrl.envs import EnvBase, RewardSum, TransformedEnv
+
+from rb_lightning._validation import (
+    check_non_negative_int,
+    check_positive_int,
+    check_replay_buffer,
+)
+
+EPISODE_RETURN_KEY = "episode_reward"
+
+
+def make_gym_env(env_name: str, **kwargs: Any) -> EnvBase:
+    """A gymnasium environment through torchrl's ``GymEnv`` (imports gymnasium lazily)."""
+    from torchrl.envs import GymEnv
+
+    return GymEnv(env_name, **kwargs)
+
+
+class OnlineCollector(Callback):
+    """Collect environment frames into the training buffer between gradient steps.
+
+    Wraps a torchrl :class:`~torchrl.collectors.Collector` around the
+    LightningModule's acting policy and writes what it collects into the replay
+    buffer that the DataModule samples from:
+
+    * ``on_fit_start`` (before the first training batch is drawn): a warm-up of
+      ``init_random_frames`` frames with uniformly random actions.
+    * ``on_train_batch_end`` of every ``every_n_steps``-th batch:
+      ``frames_per_step`` frames with the module's policy. The ratio of
+      collected frames to gradient steps is ``frames_per_step / every_n_steps``.
+
+    The policy is ``pl_module.collection_policy()``: a ``TensorDictModule``
+    that reads the environment's observation keys and writes its action (with
+    exploration, e.g. epsilon-greedy). On the module's device the collector runs
+    that very object, so its weights are the module's; when the collector had to
+    copy it (the environment lives elsewhere), the copy is refreshed with
+    ``collector.update_policy_weights_`` after each optimizer step.
+
+    Logged with ``pl_module.log``: ``episode_return`` (mean over the last
+    ``return_window`` finished episodes, shown in the progress bar),
+    ``buffer_size``, ``frames`` (collected so far) and ``samples_per_s``
+    (training samples drawn per second of wall time since the last log).
+
+    Args:
+        env: A gymnasium id for torchrl's ``GymEnv`` (e.g. ``"CartPole-v1"``), or
+            a torchrl ``EnvBase``. A ``RewardSum`` transform is added when the
+            environment does not already write ``"episode_reward"``.
+
+    Keyword Args:
+        init_random_frames: Random-action frames collected before training starts.
+        frames_per_step: Frames collected after each collecting training step.
+        every_n_steps: Collect after every n-th training step.
+        env_kwargs: Keyword arguments for ``GymEnv`` when ``env`` is a string
+            (e.g. ``{"categorical_action_encoding": True}``).
+        max_frames_per_traj: Reset an episode after this many frames (``None``:
+            the environment's own limit).
+        return_window: Number of most recent episodes averaged in ``episode_return``.
+        replay_buffer: The buffer to write to. ``None`` (default): the
+            DataModule's ``replay_buffer``.
+        seed: Seed for the environment. ``None``: drawn from torch's global
+            generator, so ``seed_everything`` makes the run reproducible.
+        exclude_keys: Keys of collected frames that are not written to the buffer.
+
+    Examples:
+        >>> import lightning as L
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from rb_lightning import ReplayBufferDataModule
+        >>> from rb_lightning.rl import DQN, OnlineCollector
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1_000))
+        >>> collector = OnlineCollector(
+        ...     "CartPole-v1", env_kwargs={"categorical_action_encoding": True},
+        ...     init_random_frames=64, frames_per_step=2, seed=0)
+        >>> trainer = L.Trainer(max_steps=5, callbacks=[collector], logger=False,
+        ...                     enable_checkpointing=False, enable_progress_bar=False,
+        ...                     enable_model_summary=False)
+        >>> trainer.fit(DQN(observation_size=4, num_actions=2),
+        ...             datamodule=ReplayBufferDataModule(rb, batch_size=32, num_batches=None))
+        >>> collector.frames, len(rb)  # 64 warm-up frames + 5 steps x 2 frames
+        (74, 74)
+    """
+
+    def __init__(
+        self,
+        env: str | EnvBase,
+        *,
+        init_random_frames: int = 1_000,
+        frames_per_step: int = 1,
+        every_n_steps: int = 1,
+        env_kwargs: dict[str, Any] | None = None,
+        max_frames_per_traj: int | None = None,
+        return_window: int = 10,
+        replay_buffer: ReplayBuffer | None = None,
+        seed: int | None = None,
+        exclude_keys: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(env, (str, EnvBase)):
+            raise TypeError(
+                f"env must be a gymnasium id such as 'CartPole-v1' or a torchrl EnvBase, got "
+                f"{type(env).__name__}."
+            )
+        if env_kwargs and not isinstance(env, str):
+            raise ValueError("env_kwargs only applies when env is a gymnasium id (a string).")
+        self.env = env
+        self.env_kwargs = dict(env_kwargs or {})
+        self.init_random_frames = check_non_negative_int(init_random_frames, "init_random_frames")
+        self.frames_per_step = check_positive_int(frames_per_step, "frames_per_step")
+        self.every_n_steps = check_positive_int(every_n_steps, "every_n_steps")
+        self.max_frames_per_traj = check_positive_int(
+            max_frames_per_traj, "max_frames_per_traj", allow_none=True
+        )
+        self.return_window = check_positive_int(return_window, "return_window")
+        self.replay_buffer = None if replay_buffer is None else check_replay_buffer(replay_buffer)
+        self.seed = seed
+        self.exclude_keys = list(exclude_keys or [])
+        self.frames = 0
+        self.episodes = 0
+        self.recent_returns: deque[float] = deque(maxlen=self.return_window)
+        self.collector: Collector | None = None
+        self._iterator: Any = None
+        self._policy: TensorDictModuleBase | None = None
+        self._copies_policy = False
+        self._clock: tuple[float, int] | None = None
+        self._episodes_logged = 0
+
+    # -- setup ------------------------------------------------------------------------------
+    def _make_env(self) -> EnvBase:
+        env = make_gym_env(self.env, **self.env_kwargs) if isinstance(self.env, str) else self.env
+        if EPISODE_RETURN_KEY not in env.observation_spec.keys():
+            env = TransformedEnv(env, RewardSum())
+        return env
+
+    def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
+        if self.replay_buffer is not None:
+            return self.replay_buffer
+        buffer = getattr(trainer.datamodule, "replay_buffer", None)
+        if not isinstance(buffer, ReplayBuffer):
+            raise ValueError(
+                "OnlineCollector has no replay buffer to fill: pass replay_buffer=... or train "
+                "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule)."
+            )
+        return buffer
+
+    @staticmethod
+    def _resolve_policy(pl_module: LightningModule) -> TensorDictModuleBase:
+        make_policy: Callable[[], Any] | None = getattr(pl_module, "collection_policy", None)
+        if not callable(make_policy):
+            raise TypeError(
+                f"OnlineCollector needs {type(pl_module).__name__}.collection_policy(): a method "
+                "returning the acting TensorDictModule (with exploration) that shares the "
+                "module's weights. See rb_lightning.rl.DQN for an example."
+            )
+        policy = make_policy()
+        if not isinstance(policy, TensorDictModuleBase):
+            raise TypeError(
+                "collection_policy() must return a tensordict.nn.TensorDictModuleBase, got "
+                f"{type(policy).__name__}."
+            )
+        return policy
+
+    @staticmethod
+    def _check_policy_fits_env(policy: TensorDictModuleBase, env: EnvBase) -> None:
+        # One dry step now beats a shape error deep inside the first rollout.
+        probe = env.reset()
+        with torch.no_grad():
+            out = policy(probe.to(next(policy.parameters()).device).clone())
+        for key in env.action_keys:
+            action = out.get(key, None)
+            if action is None:
+                raise ValueError(
+                    f"collection_policy() did not write the environment's action key {key!r}."
+                )
+            if not env.full_action_spec[key].is_in(action.to(env.device)):
+                raise ValueError(
+                    f"collection_policy() wrote {key!r} with shape {tuple(action.shape)} and "
+                    f"dtype {action.dtype}, outside the environment's action spec "
+                    f"{env.full_action_spec[key]}. For a discrete gymnasium env with an "
+                    "integer-action policy pass env_kwargs={'categorical_action_encoding': True}; "
+                    "check the module's observation/action sizes."
+                )
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Fail at setup, not mid-fit, when there is no buffer to fill."""
+        if stage == "fit":
+            self._resolve_buffer(trainer)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Build the collector and run the warm-up (the first batch is drawn after this)."""
+        self._buffer = self._resolve_buffer(trainer)
+        env = self._make_env()
+        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        env.set_seed(seed)
+        self._policy = self._resolve_policy(pl_module)
+        self._check_policy_fits_env(self._policy, env)
+        self.collector = Collector(
+            env,
+            self._policy,
+            frames_per_batch=self.frames_per_step,
+            total_frames=-1,
+            init_random_frames=self.init_random_frames,
+            max_frames_per_traj=self.max_frames_per_traj,
+            policy_device=pl_module.device,
+            storing_device="cpu",
+            auto_register_policy_transforms=False,
+        )
+        self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
+        self._iterator = iter(self.collector)
+        while self.frames < self.init_random_frames:
+            self._collect()
+        if len(self._buffer) == 0:
+            raise ValueError(
+                "The replay buffer is still empty when training starts: set "
+                "init_random_frames >= 1 or fill the buffer before fit."
+            )
+        self._clock = (time.perf_counter(), 0)
+
+    # -- collection -------------------------------------------------------------------------
+    def _collect(self) -> None:
+        frames = next(self._iterator).reshape(-1)
+        done = frames.get(("next", "done")).reshape(frames.shape[0], -1).any(-1)
+        if done.any():
+            returns = frames.get(("next", EPISODE_RETURN_KEY)).reshape(frames.shape[0], -1)
+            finished = returns[done].sum(-1).tolist()
+            self.recent_returns.extend(finished)
+            self.episodes += len(finished)
+        if self.exclude_keys:
+            frames = frames.exclude(*self.exclude_keys)
+        self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"
+        self.frames += frames.numel()
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Sync weights, collect ``frames_per_step`` frames, log progress."""
+        if self.collector is None:
+            return
+        if trainer.global_step % self.every_n_steps == 0:
+            if self._copies_policy:
+                self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
+            self._collect()
+        self._log(trainer, pl_module, batch)
+
+    def _log(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
+        # Each self.log call costs a Lightning metric update, so the return is logged
+        # when an episode ends (the progress bar keeps the last value) and the rest
+        # every log_every_n_steps.
+        log = dict(on_step=True, on_epoch=False, batch_size=1)
+        if self.episodes != self._episodes_logged and self.recent_returns:
+            pl_module.log("episode_return", self.mean_return, prog_bar=True, **log)
+            self._episodes_logged = self.episodes
+        step = trainer.global_step
+        if step % trainer.log_every_n_steps == 0 and self._clock is not None:
+            now, (then, then_step) = time.perf_counter(), self._clock
+            samples = (step - then_step) * _batch_length(batch)
+            pl_module.log("samples_per_s", samples / max(now - then, 1e-9), **log)
+            pl_module.log("buffer_size", float(len(self._buffer)), **log)
+            pl_module.log("frames", float(self.frames), **log)
+            self._clock = (now, step)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Close the environment (also after an exception)."""
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector = None
+            self._iterator = None
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Counters saved in checkpoints (the buffer itself is the DataModule's business)."""
+        return {
+            "frames": self.frames,
+            "episodes": self.episodes,
+            "recent_returns": list(self.recent_returns),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.frames = int(state_dict["frames"])
+        self.episodes = int(state_dict["episodes"])
+        self.recent_returns = deque(state_dict["recent_returns"], maxlen=self.return_window)
+
+    @property
+    def mean_return(self) -> float:
+        """Mean return of the last ``return_window`` finished episodes (NaN before the first)."""
+        if not self.recent_returns:
+            return math.nan
+        return sum(self.recent_returns) / len(self.recent_returns)
+
+
+def _shares_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    pa = [p.data_ptr() for p in a.parameters()]
+    pb = [p.data_ptr() for p in b.parameters()]
+    return bool(pa) and pa == pb
+
+
+def _batch_length(batch: Any) -> int:
+    if isinstance(batch, TensorDictBase) and batch.batch_dims:
+        return batch.batch_size[0]
+    return 1

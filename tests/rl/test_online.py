@@ -1,0 +1,204 @@
+"""OnlineCollector + DQN on a real CartPole through a real Trainer and real buffers."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torchrl.data import (
+    LazyTensorStorage,
+    PrioritizedSampler,
+    RandomSampler,
+    TensorDictReplayBuffer,
+)
+from torchrl.envs import GymEnv
+
+from rb_lightning import ReplayBufferDataModule
+from rb_lightning.rl import DQN, OnlineCollector
+
+pytest.importorskip("gymnasium")
+
+CARTPOLE = {"categorical_action_encoding": True}
+
+
+def _trainer(max_steps: int, *callbacks: L.Callback) -> L.Trainer:
+    return L.Trainer(
+        max_steps=max_steps,
+        callbacks=list(callbacks),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def _buffer(prioritized: bool = False) -> TensorDictReplayBuffer:
+    sampler = PrioritizedSampler(2_000, alpha=0.6, beta=0.4) if prioritized else RandomSampler()
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(2_000), sampler=sampler)
+
+
+class RecordingDQN(DQN):
+    """DQN that records the buffer length each training step sees."""
+
+    def __init__(self, replay_buffer: TensorDictReplayBuffer, **kwargs) -> None:
+        super().__init__(observation_size=4, num_actions=2, hidden_sizes=[16], **kwargs)
+        self._rb = replay_buffer
+        self.seen_sizes: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen_sizes.append(len(self._rb))
+        return super().training_step(batch, batch_idx)
+
+
+def _fit(model, rb, collector, steps: int, batch_size: int = 16) -> L.Trainer:
+    trainer = _trainer(steps, collector)
+    dm = ReplayBufferDataModule(rb, batch_size=batch_size, num_batches=None)
+    trainer.fit(model, datamodule=dm)
+    return trainer
+
+
+def test_warm_up_before_first_step_then_frames_per_step_each_step():
+    rb = _buffer()
+    model = RecordingDQN(rb)
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=50, frames_per_step=3, seed=0
+    )
+    _fit(model, rb, collector, steps=6)
+    # The warm-up is rounded up to whole collector batches of 3: 51 frames.
+    assert model.seen_sizes == [51 + 3 * i for i in range(6)]
+    assert collector.frames == len(rb) == 51 + 3 * 6
+    assert collector.episodes >= 1  # random CartPole episodes last ~20 frames
+
+
+def test_every_n_steps_sets_the_collection_ratio():
+    rb = _buffer()
+    model = RecordingDQN(rb)
+    collector = OnlineCollector(
+        "CartPole-v1",
+        env_kwargs=CARTPOLE,
+        init_random_frames=20,
+        frames_per_step=4,
+        every_n_steps=2,
+        seed=0,
+    )
+    _fit(model, rb, collector, steps=6)
+    # global_step is counted after the optimizer step: 4 frames after steps 2, 4 and 6.
+    assert model.seen_sizes == [20, 20, 24, 24, 28, 28]
+    assert len(rb) == 32
+
+
+def test_priorities_follow_td_error():
+    rb = _buffer(prioritized=True)
+    model = DQN(observation_size=4, num_actions=2, hidden_sizes=[16])
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=64, frames_per_step=1, seed=0
+    )
+    _fit(model, rb, collector, steps=8, batch_size=32)
+    # Read the sampler's sum tree: new items enter at the max priority (1.0 here), items
+    # seen in a batch get (|TD error| + eps) ** alpha, and CartPole's TD errors are not 1.
+    priorities = torch.as_tensor(rb.sampler._sum_tree[torch.arange(len(rb))])
+    changed = (priorities - 1.0).abs() > 1e-4
+    assert changed.sum() >= 32
+    assert (~changed).any()  # items never sampled keep the insertion priority
+    batch = rb.sample(32)
+    assert "priority_weight" in batch.keys()
+    assert not torch.allclose(batch["priority_weight"], batch["priority_weight"][0])
+
+
+def test_collector_acts_with_the_modules_current_weights():
+    rb = _buffer()
+    model = DQN(observation_size=4, num_actions=2, hidden_sizes=[16])
+    initial = [p.detach().clone() for p in model.q_net.parameters()]
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=32, frames_per_step=1, seed=0
+    )
+    trainer = _trainer(5, collector)
+    weights_at_step_end: list[bool] = []
+
+    class Check(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            used = list(collector.collector.policy.parameters())
+            weights_at_step_end.append(
+                all(
+                    torch.equal(u, p)
+                    for u, p in zip(used, pl_module.q_net.parameters(), strict=True)
+                )
+            )
+
+    trainer.callbacks.append(Check())
+    trainer.fit(model, datamodule=ReplayBufferDataModule(rb, batch_size=16, num_batches=None))
+    assert weights_at_step_end == [True] * 5
+    assert not all(
+        torch.equal(a, b) for a, b in zip(initial, model.q_net.parameters(), strict=True)
+    )
+
+
+def test_episode_return_reaches_the_progress_bar():
+    rb = _buffer()
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=100, frames_per_step=1, seed=0
+    )
+    trainer = _fit(DQN(observation_size=4, num_actions=2, hidden_sizes=[16]), rb, collector, 3)
+    assert trainer.progress_bar_metrics["episode_return"] == pytest.approx(collector.mean_return)
+    assert 5 < collector.mean_return < 100  # random play on CartPole
+
+
+def test_seeded_collection_is_reproducible():
+    def run() -> torch.Tensor:
+        L.seed_everything(3)
+        rb = _buffer()
+        collector = OnlineCollector("CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=40)
+        _fit(DQN(observation_size=4, num_actions=2, hidden_sizes=[16]), rb, collector, 4)
+        return rb[:][("next", "observation")]
+
+    assert torch.equal(run(), run())
+
+
+# -- errors ---------------------------------------------------------------------------------
+def test_one_hot_env_with_integer_policy_is_refused_with_the_fix():
+    collector = OnlineCollector("CartPole-v1", init_random_frames=8, seed=0)
+    with pytest.raises(ValueError, match="categorical_action_encoding"):
+        _fit(DQN(observation_size=4, num_actions=2, hidden_sizes=[8]), _buffer(), collector, 1)
+
+
+def test_module_without_collection_policy_is_refused():
+    class Plain(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch["observation"]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    collector = OnlineCollector("CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=8)
+    with pytest.raises(TypeError, match="collection_policy"):
+        _fit(Plain(), _buffer(), collector, 1)
+
+
+def test_no_buffer_to_fill_is_refused_at_setup():
+    class Data(L.LightningDataModule):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([0])
+
+    trainer = _trainer(1, OnlineCollector("CartPole-v1", env_kwargs=CARTPOLE))
+    with pytest.raises(ValueError, match="replay_buffer"):
+        trainer.fit(DQN(observation_size=4, num_actions=2), datamodule=Data())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"frames_per_step": 0}, "frames_per_step"),
+        ({"every_n_steps": -1}, "every_n_steps"),
+        ({"init_random_frames": -5}, "init_random_frames"),
+        ({"env": 3}, "gymnasium id"),
+        ({"env": GymEnv("CartPole-v1"), "env_kwargs": {"a": 1}}, "env_kwargs"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    kwargs = {"env": "CartPole-v1", **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        OnlineCollector(**kwargs)
