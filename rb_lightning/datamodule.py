@@ -285,6 +285,7 @@ class ReplayBufferDataModule(LightningDataModule):
         if self.num_workers == 0:
             # Batches Lightning had read ahead when the checkpoint was saved.
             self._train_dataset.replay_first, self._replay_on_resume = self._replay_on_resume, []
+            self._train_dataset.track_in_flight = True
         return self._loader(self._train_dataset)
 
     def _val_dataloader(self) -> DataLoader:

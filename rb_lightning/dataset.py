@@ -140,6 +140,9 @@ class _ReplayBufferStream(IterableDataset):
         #: Raw batches handed out and not yet marked consumed by the DataModule: the ones
         #: Lightning has read ahead, which a checkpoint saves for an exact resume.
         self.in_flight: deque[Any] = deque(maxlen=8)
+        #: Whether to keep ``in_flight`` (set by the DataModule, which pops what the loop
+        #: takes). Off by default: a bare loader would otherwise hold 8 extra batches.
+        self.track_in_flight = False
         #: Batches to hand out before sampling again (read-ahead restored from a checkpoint).
         self.replay_first: list[Any] = []
 
@@ -258,7 +261,8 @@ class _ReplayBufferStream(IterableDataset):
         self.in_flight.clear()  # what an earlier iterator read ahead was dropped with it
         while count is None or drawn < count:
             batch = self.replay_first.pop(0) if self.replay_first else self._sample()
-            self.in_flight.append(batch)
+            if self.track_in_flight:
+                self.in_flight.append(batch)
             self.batches_served += 1
             yield batch
             drawn += 1
