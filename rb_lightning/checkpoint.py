@@ -99,18 +99,25 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
     return total
 
 
-def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator:
+def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
     """Give ``replay_buffer`` its own ``torch.Generator`` if it has none, and return it.
 
     Without one, torchrl samplers draw from torch's (or numpy's) global RNG,
-    which a checkpoint cannot restore. The new generator is seeded from
+    which a checkpoint cannot restore. The new generator lives on the storage's
+    device (samplers draw indices there) and is seeded from
     ``torch.initial_seed()`` (set by ``seed_everything``), offset so that it
-    does not replay the global stream.
+    does not replay the global stream. Returns ``None`` while the device is
+    still unknown (a lazy storage with ``device="auto"`` and no data yet).
     """
     generator = getattr(replay_buffer, "_rng", None)
-    if generator is None:
-        generator = torch.Generator().manual_seed((torch.initial_seed() + 0x9E3779B9) % 2**63)
-        replay_buffer.set_rng(generator)
+    if generator is not None:
+        return generator
+    device = getattr(replay_buffer.storage, "device", None)
+    if isinstance(device, str) and device == "auto":
+        return None
+    generator = torch.Generator(device=torch.device(device) if device is not None else "cpu")
+    generator.manual_seed((torch.initial_seed() + 0x9E3779B9) % 2**63)
+    replay_buffer.set_rng(generator)
     return generator
 
 
@@ -216,6 +223,7 @@ def dump_buffer(
         torch.save(
             {
                 "rng_state": None if generator is None else generator.get_state(),
+                "rng_device": None if generator is None else str(generator.device),
                 "writer": replay_buffer.writer.state_dict(),
             },
             root / _EMPTY_STATE,
@@ -262,7 +270,9 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
         replay_buffer.empty()
         replay_buffer.writer.load_state_dict(state["writer"])
         if state["rng_state"] is not None:
-            ensure_generator(replay_buffer).set_state(state["rng_state"])
+            generator = torch.Generator(device=state["rng_device"])
+            generator.set_state(state["rng_state"])
+            replay_buffer.set_rng(generator)
     else:
         _require(
             isinstance(replay_buffer.storage, TensorStorage),

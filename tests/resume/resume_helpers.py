@@ -106,9 +106,11 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def make_trainer(root: Path, max_steps: int, every: int, **kwargs: Any) -> L.Trainer:
+def make_trainer(
+    root: Path, max_steps: int, every: int, *, save_last: bool | str = True, **kwargs: Any
+) -> L.Trainer:
     checkpoint = ModelCheckpoint(
-        dirpath=Path(root) / "ckpt", save_last=True, every_n_train_steps=every
+        dirpath=Path(root) / "ckpt", save_last=save_last, every_n_train_steps=every
     )
     return L.Trainer(
         default_root_dir=str(root),

@@ -184,3 +184,22 @@ def test_interrupted_save_leaves_previous_buffer_loadable(tmp_path):
         {"dm": {"buffer": buffer_state(rb, inline_max_bytes=0)}}, tmp_path / "l.ckpt"
     )
     assert len(list((tmp_path / "l.ckpt.buffer").iterdir())) == 1
+
+
+def test_last_as_symlink_resumes_from_the_linked_checkpoints_buffer(tmp_path):
+    datamodule = ReplayBufferDataModule(
+        make_buffer(), batch_size=8, num_batches=None, checkpoint_inline_max_bytes=0
+    )
+    make_trainer(tmp_path, max_steps=4, every=2, save_last="link").fit(
+        Recorder(write_per_step=1), datamodule=datamodule
+    )
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert last.is_symlink() and not Path(f"{last}.buffer").exists()
+
+    module = Recorder(write_per_step=1)
+    resumed = ReplayBufferDataModule(make_buffer(filled=False), batch_size=8, num_batches=None)
+    make_trainer(tmp_path, max_steps=5, every=2, save_last="link").fit(
+        module, datamodule=resumed, ckpt_path="last"
+    )
+    assert module.start_step == 4
+    assert module.start_ids == list(range(40)) + list(range(10_000, 10_004))
