@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import _columns
+from rb_lightning._pickling import pickled_without_generator, unpickle_buffer
 from rb_lightning._sharding import Shard, current_shard, draw_base_seed
 from rb_lightning._validation import (
     check_device,
@@ -167,6 +168,15 @@ class _ReplayBufferStream(IterableDataset):
         """Selected keys, or ``None`` for all leaves."""
         return self._keys
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["_replay_buffer"] = unpickle_buffer(state["_replay_buffer"])
+        self.__dict__.update(state)
+
     # -- iteration --------------------------------------------------------------------------
     def _batches_for(self, shard: Shard) -> int | None:
         if self._num_batches is None:
@@ -232,10 +242,10 @@ class _ReplayBufferStream(IterableDataset):
 
     def _select_keys(self, batch: Any) -> list[NestedKey]:
         available = _columns.leaf_keys(batch)
-        if not self._checked_names:
-            _columns.check_unique_names(available)
-            self._checked_names = True
         if self._keys is None:
+            if not self._checked_names:
+                _columns.check_unique_names(available)
+                self._checked_names = True
             return available
         present = set(available)
         selected = []
