@@ -280,7 +280,14 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
             "a tensor storage",
             replay_buffer,
         )
-        replay_buffer.loads(root)
+        try:
+            replay_buffer.loads(root)
+        except Exception as error:
+            raise BufferCheckpointError(
+                f"torchrl could not load the replay buffer saved in {root} into the DataModule's "
+                f"buffer ({type(error).__name__}: {error}). Build the buffer as in the saved run: "
+                "same storage type and max_size, same sampler and writer types."
+            ) from error
         _restore_non_tensor_leaves(replay_buffer, root / "storage")
     if (
         len(replay_buffer) != manifest["len"]

@@ -203,3 +203,11 @@ def test_last_as_symlink_resumes_from_the_linked_checkpoints_buffer(tmp_path):
     )
     assert module.start_step == 4
     assert module.start_ids == list(range(40)) + list(range(10_000, 10_004))
+
+
+def test_buffer_built_differently_from_the_saved_one_is_a_clear_error(tmp_path):
+    dump_buffer(make_buffer(), tmp_path / "dump")
+    with pytest.raises(BufferCheckpointError, match=r"(?s)dump.*max_size"):
+        load_buffer(make_buffer(capacity=CAPACITY // 2), tmp_path / "dump")
+    with pytest.raises(BufferCheckpointError, match="ListStorage"):
+        load_buffer(ReplayBuffer(storage=ListStorage(CAPACITY)), tmp_path / "dump")
