@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
 
 from torchrl.data import ReplayBuffer
 

@@ -142,7 +142,9 @@ def test_priority_info_reaches_plain_replay_buffer_batches():
 
 
 def test_priority_info_kept_for_tensordict_replay_buffer():
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50), sampler=PrioritizedSampler(50, 0.7, 0.4))
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(50), sampler=PrioritizedSampler(50, 0.7, 0.4)
+    )
     rb.extend(make_transitions(50))
     batch = next(iter(ReplayBufferBatchDataset(rb, 8)))
     assert {"index", "priority_weight"} <= set(batch.keys())
@@ -156,9 +158,7 @@ def test_random_sampler_output_has_no_extra_keys(tensor_rb):
 
 def test_nested_name_collision_raises():
     rb = ReplayBuffer(storage=LazyTensorStorage(10))
-    rb.extend(
-        TensorDict({"a.b": torch.zeros(4), "a": {"b": torch.ones(4)}}, batch_size=[4])
-    )
+    rb.extend(TensorDict({"a.b": torch.zeros(4), "a": {"b": torch.ones(4)}}, batch_size=[4]))
     with pytest.raises(ValueError, match=r"both flatten to the name 'a\.b'"):
         next(iter(ReplayBufferDataset(rb, 2)))
     with pytest.raises(ValueError, match="both flatten"):
@@ -210,7 +210,9 @@ def test_min_size_waits_for_a_writer_thread():
 
 def test_without_replacement_buffer_smaller_than_batch_raises():
     rb = ReplayBuffer(
-        storage=LazyTensorStorage(10), sampler=SamplerWithoutReplacement(drop_last=True), batch_size=8
+        storage=LazyTensorStorage(10),
+        sampler=SamplerWithoutReplacement(drop_last=True),
+        batch_size=8,
     )
     rb.extend(make_transitions(3))
     with pytest.raises(RuntimeError, match="batch_size=8"):
@@ -269,13 +271,17 @@ def test_pass_dataset_reads_every_item_once_in_order(tensor_rb):
 
 
 def test_per_item_dataset_with_dataloader_collate(tensor_rb):
-    loader = DataLoader(ReplayBufferDataset(tensor_rb, 16, keys=["obs", "id"], num_batches=2), batch_size=8)
+    loader = DataLoader(
+        ReplayBufferDataset(tensor_rb, 16, keys=["obs", "id"], num_batches=2), batch_size=8
+    )
     batches = list(loader)
     assert len(batches) == 4 and batches[0]["obs"].shape == (8, 4)
 
 
 def test_strings_in_nontensorstack_columns():
     rb = ReplayBuffer(storage=LazyTensorStorage(10))
-    rb.extend(TensorDict({"x": torch.arange(3), "s": NonTensorStack("a", "b", "c")}, batch_size=[3]))
+    rb.extend(
+        TensorDict({"x": torch.arange(3), "s": NonTensorStack("a", "b", "c")}, batch_size=[3])
+    )
     for item in ReplayBufferDataset(rb, 6):
         assert item["s"] == "abc"[int(item["x"])]
