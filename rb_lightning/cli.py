@@ -144,6 +144,7 @@ def console_main() -> None:
 
 
 # -- parse errors -------------------------------------------------------------------------------
+_TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler")
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted|does not accept option '([^']+)'")
@@ -203,20 +204,30 @@ def _parse_error(err: BaseException) -> ConfigError:
     if match := _NO_ATTRIBUTE.match(reason):
         hint = _did_you_mean(match.group(2), _module_names(match.group(1)))
         reason = f"class_path {class_path!r} cannot be imported: {reason}.{hint}"
+    elif type(leaf).__module__.startswith("yaml"):
+        key, reason = key or "config", f"the YAML does not parse: {reason}"
     elif isinstance(leaf, ImportError):
         reason = f"class_path {class_path!r} cannot be imported: {reason}."
-    elif not reason.endswith("."):
+    if not reason.endswith((".", "?")):
         reason += "."
     return ConfigError(key, reason)
 
 
 def _unknown_argument(key: str, option: str, class_path: str | None) -> ConfigError:
-    name = option.rsplit(".", 1)[-1]
-    accepted = _parameters(class_path) if class_path else []
-    where = f"{class_path} has no parameter {name!r}" if class_path else f"unknown key {name!r}"
-    detail = f" (it takes: {', '.join(accepted)})." if accepted else "."
     full_key = ".".join(part for part in (key, "init_args" if class_path else "", option) if part)
-    return ConfigError(full_key, f"{where}{detail}{_did_you_mean(name, accepted)}")
+    if class_path is None:  # a top-level key: trainer, model, data...
+        name = option.split(".", 1)[0]
+        hint = _did_you_mean(name, list(_TOP_LEVEL_KEYS))
+        return ConfigError(
+            full_key, f"unknown key {name!r} (known: {', '.join(_TOP_LEVEL_KEYS)}).{hint}"
+        )
+    name = option.rsplit(".", 1)[-1]
+    accepted = _parameters(class_path)
+    detail = f" (it takes: {', '.join(accepted)})." if accepted else "."
+    return ConfigError(
+        full_key,
+        f"{class_path} has no parameter {name!r}{detail}{_did_you_mean(name, accepted)}",
+    )
 
 
 def _parameters(class_path: str) -> list[str]:

@@ -113,15 +113,28 @@ def test_saved_directory_that_does_not_match_the_buffer(run_cli, write_config, c
     assert "at data.init_args.source:" in message and "max_size: 50" in message
 
 
-def test_missing_config_file_and_unknown_subcommand(run_cli, capsys):
+@pytest.mark.parametrize(
+    ("args", "text", "expected"),
+    [
+        (["fit", "--config", "configs/no_such_run.yaml"], None, ["at config:", "no_such_run.yaml"]),
+        (["fitt"], None, ["'fitt'"]),
+        (["fit"], "data: [\n", ["at config: the YAML does not parse"]),
+        (["fit"], "dat:\n  x: 1\n", ["unknown key 'dat'", "Did you mean 'data'?"]),
+        (["fit", "--trainer.max_steps=abc"], "", ["at trainer.max_steps:", "abc"]),
+    ],
+    ids=["missing file", "unknown subcommand", "yaml syntax", "unknown top key", "bad flag"],
+)
+def test_file_and_command_line_errors(args, text, expected, run_cli, capsys, tmp_path):
+    if text is not None:
+        (tmp_path / "c.yaml").write_text(text or "model: {class_path: cli_toy.Regressor}\n")
+        args = [*args, "--config", str(tmp_path / "c.yaml")]
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fit", "--config", "configs/no_such_run.yaml"])
+        run_cli(args)
     assert exit_info.value.code == 2
-    assert "no_such_run.yaml" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fitt"])
-    assert exit_info.value.code == 2
-    assert "'fitt'" in capsys.readouterr().err
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("error: config error"), message
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
 
 
 def test_train_py_reports_a_typo_without_traceback(tmp_path, write_config):
