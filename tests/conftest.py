@@ -6,7 +6,8 @@ import os
 
 import pytest
 import torch
-from tensordict import NonTensorStack, TensorDict
+from rb_testdata import make_transitions
+from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
 
 # Two cores: keep torch from oversubscribing them while tests run side by side.
@@ -14,24 +15,6 @@ torch.set_num_threads(1)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-
-def make_transitions(n: int, start: int = 0) -> TensorDict:
-    """RL-like items with an id, a nested key and a string per item."""
-    ids = torch.arange(start, start + n)
-    return TensorDict(
-        {
-            "id": ids,
-            "obs": torch.randn(n, 4),
-            "action": torch.randint(0, 2, (n,)),
-            "next": {
-                "reward": ids.float().unsqueeze(-1),
-                "done": torch.zeros(n, 1, dtype=torch.bool),
-            },
-            "prompt": NonTensorStack(*[f"item {i}" for i in ids.tolist()]),
-        },
-        batch_size=[n],
-    )
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from conftest import make_transitions
+from rb_testdata import make_transitions
 from tensordict import TensorDictBase
 from torchrl.data import (
     LazyTensorStorage,

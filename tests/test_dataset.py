@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from conftest import make_transitions
+from rb_testdata import make_transitions
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torch.utils.data import DataLoader
 from torchrl.data import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import make_transitions
+from rb_testdata import make_transitions
 from torch.utils.data import DataLoader
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
