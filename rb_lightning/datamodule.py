@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.pytorch import LightningDataModule
-from tensordict import TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDictBase
 from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader
-from torchrl.data import ListStorage, ReplayBuffer
+from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning._validation import (
@@ -32,6 +32,26 @@ from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDatas
 from rb_lightning.sources import BufferSource, SourceError
 
 AUTO = "auto"
+
+
+def _in_shared_memory(storage: TensorStorage) -> bool:
+    """Whether a tensor storage's rows live in shared memory or memory-mapped files."""
+    rows = getattr(storage, "_storage", None)
+    if rows is None:  # not initialised: each process would allocate its own rows
+        return False
+    if isinstance(rows, TensorDictBase):
+        return rows.is_shared() or rows.is_memmap()
+    return isinstance(rows, MemoryMappedTensor) or (
+        isinstance(rows, torch.Tensor) and rows.is_shared()
+    )
+
+
+def _part_name(rb: ReplayBuffer, part: str) -> str:
+    # A Ray-backed buffer keeps its storage and sampler in the actor.
+    try:
+        return type(getattr(rb, part)).__name__
+    except AttributeError:
+        return "<remote>"
 
 
 def _check_source(
@@ -186,7 +206,14 @@ class ReplayBufferDataModule(LightningDataModule):
     def _check_workers_fit_buffer(self) -> None:
         if self.num_workers == 0:
             return
-        if isinstance(self.replay_buffer.sampler, PrioritizedSampler):
+        rb = self.replay_buffer
+        if getattr(rb, "service_backend", "direct") != "direct":
+            raise ValueError(
+                f"num_workers>0 with a {rb.service_backend}-backed replay buffer: it samples in "
+                "its own actor, so worker processes add nothing but another connection. Use "
+                "num_workers=0."
+            )
+        if isinstance(rb.sampler, PrioritizedSampler):
             raise ValueError(
                 "num_workers>0 with a PrioritizedSampler: each worker samples its own copy of "
                 "the sampler, so priority updates made in training_step never reach it. Use "
@@ -199,6 +226,23 @@ class ReplayBufferDataModule(LightningDataModule):
                 "ListStorage. Use LazyTensorStorage (call rb.share() first for live updates) or "
                 "LazyMemmapStorage, or num_workers=0."
             )
+        if (
+            not spawn
+            and isinstance(rb.storage, TensorStorage)
+            and not _in_shared_memory(rb.storage)
+        ):
+            raise ValueError(
+                "num_workers>0 with the fork start method and a storage outside shared memory: "
+                "forked workers keep a copy-on-write snapshot of the rows but share the length "
+                "counter, so they would read rows the main process writes later as garbage. "
+                "Use the spawn start method (torchrl's default), a LazyMemmapStorage filled "
+                "before fit, or num_workers=0."
+            )
+        if isinstance(rb.storage, TensorStorage) and not rb.shared:
+            # torchrl publishes a new length before it copies the rows; only the buffer's
+            # process-shared write lock (taken by writes and by samples) keeps workers from
+            # reading rows that are not written yet. rb.share() installs that lock.
+            rb.share()
 
     def _check_prefetch_batch_size(self) -> None:
         # A prefetching buffer samples ahead with its own batch_size and returns those
@@ -389,8 +433,8 @@ class ReplayBufferDataModule(LightningDataModule):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(replay_buffer={type(self.replay_buffer).__name__}"
-            f"(len={len(self.replay_buffer)}, storage={type(self.replay_buffer.storage).__name__}, "
-            f"sampler={type(self.replay_buffer.sampler).__name__}), batch_size={self.batch_size}, "
+            f"(len={len(self.replay_buffer)}, storage={_part_name(self.replay_buffer, 'storage')}, "
+            f"sampler={_part_name(self.replay_buffer, 'sampler')}), batch_size={self.batch_size}, "
             f"num_batches={self.num_batches!r}, num_workers={self.num_workers}, "
             f"pin_memory={self.pin_memory})"
         )

@@ -186,7 +186,12 @@ class _ReplayBufferStream(IterableDataset):
     def _seed_replica(self, shard: Shard) -> None:
         # Worker processes and DDP ranks hold copies of the buffer, and of its generator
         # (or of an identically seeded global RNG): give each copy its own stream.
-        if shard.is_replica:
+        # A remote (Ray) buffer is one sampler shared by all ranks: its single stream
+        # already differs per call, and re-seeding it from each rank would reset it.
+        if (
+            shard.is_replica
+            and getattr(self._replay_buffer, "service_backend", "direct") == "direct"
+        ):
             seed = shard.seed(draw_base_seed())
             self._replay_buffer.set_rng(torch.Generator().manual_seed(seed))
 

@@ -1,0 +1,144 @@
+"""Find a Ray-backed replay buffer from any process of a Ray cluster (needs the ``ray`` extra).
+
+torchrl runs a shared buffer as a Ray actor: ``ReplayBuffer(service_backend="ray")``
+returns a :class:`~torchrl.data.RayReplayBuffer` that owns the actor. Give the
+actor a name (``remote_config={"name": ..., "namespace": ...}``) and every
+other process of the cluster (collectors, DDP ranks on other machines) can
+reach it with :class:`RayReplayBufferView`, a non-owning view
+usable wherever a ``ReplayBuffer`` is expected, e.g. by
+:class:`~rb_lightning.ReplayBufferDataModule`.
+
+``import rb_lightning`` does not import this module.
+
+Example (one process serves, another connects; here both are this process)::
+
+    import ray
+    import torch
+    from functools import partial
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    from rb_lightning.ray import RayReplayBufferView, named_actor_config
+
+    ray.init(num_cpus=1, include_dashboard=False)
+    owner = ReplayBuffer(
+        storage=partial(LazyTensorStorage, 1_000),  # constructors, built inside the actor
+        service_backend="ray",
+        service_backend_options={"remote_config": named_actor_config("replay")},
+    )
+    view = RayReplayBufferView("replay")  # elsewhere: RayReplayBufferView("replay", address=...)
+    view.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+    assert len(owner) == 8
+    owner.close()  # kills the actor; view.close() would only drop the reference
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
+
+#: Ray namespace used when none is given, so owners and clients agree by default.
+DEFAULT_NAMESPACE = "rb_lightning"
+
+
+def named_actor_config(
+    name: str, *, namespace: str = DEFAULT_NAMESPACE, num_cpus: float = 0, **options: Any
+) -> dict[str, Any]:
+    """``remote_config`` for ``ReplayBuffer(service_backend="ray")`` that names the actor.
+
+    Args:
+        name: Name under which :class:`RayReplayBufferView` finds the buffer.
+
+    Keyword Args:
+        namespace: Ray namespace of the name.
+        num_cpus: CPUs Ray reserves for the buffer actor. ``0`` (default) lets it
+            share a node with collectors and trainers; sampling is cheap.
+        **options: Other ``ray.remote`` actor options (``num_gpus``, ``memory``,
+            ``resources`` to pin the actor to a node, ...).
+
+    Examples:
+        >>> named_actor_config("replay")
+        {'num_cpus': 0, 'name': 'replay', 'namespace': 'rb_lightning'}
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    return {"num_cpus": num_cpus, **options, "name": name, "namespace": namespace}
+
+
+class RayReplayBufferView(RayReplayBuffer):
+    """A torchrl ``RayReplayBuffer`` bound to a named actor that another process owns.
+
+    Connects to the buffer actor named ``name`` (waiting for it to appear) and
+    behaves like its owner: ``sample``, ``extend``, ``update_priority`` and
+    ``len`` go to the shared actor, so every rank and collector sees the same
+    content, sampler and priorities. It does not own the actor: :meth:`close`
+    only drops the reference; the actor lives as long as its owner.
+
+    Args:
+        name: The actor name given to the owner through :func:`named_actor_config`.
+
+    Keyword Args:
+        namespace: Ray namespace of the name.
+        address: Ray cluster to join when this process is not connected yet
+            (``"HEAD_IP:6379"``, or ``"auto"`` on a node started with ``ray start``).
+            Ignored when Ray is already initialised in this process.
+        timeout: Seconds to wait for the owner to create the actor (it may start
+            later than this process).
+        ray_init_config: Other ``ray.init`` keyword arguments, used with ``address``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        address: str | None = None,
+        timeout: float = 60.0,
+        ray_init_config: dict[str, Any] | None = None,
+    ) -> None:
+        # Not RayReplayBuffer.__init__, which would start a new actor: bind the named one,
+        # through the same client torchrl's RayReplayBuffer.client() hands out.
+        actor = _find_actor(name, namespace, address, timeout, ray_init_config or {})
+        self.name, self.namespace = name, namespace
+        self._rb = actor
+        self.has_gpu = False
+        self._delayed_init = False
+        self._transport_kind = "ray"
+        self._client = _RayReplayBufferClient(actor, has_gpu=False)
+
+    def close(self) -> None:
+        """Drop the reference to the actor; the owner keeps it alive."""
+        self.__dict__.pop("_rb", None)
+
+    def __repr__(self) -> str:
+        state = "connected" if self.is_alive else "closed"
+        return f"{type(self).__name__}(name={self.name!r}, namespace={self.namespace!r}, {state})"
+
+
+def _find_actor(
+    name: str, namespace: str, address: str | None, timeout: float, init: dict[str, Any]
+) -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(
+            'RayReplayBufferView needs Ray: pip install "rb-lightning[ray]".'
+        ) from err
+    if not ray.is_initialized():
+        ray.init(address=address, **init)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get_actor(name, namespace=namespace)
+        except ValueError:  # Ray's "failed to look up actor"
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"No Ray replay buffer named {name!r} in namespace {namespace!r} appeared "
+                    f"within {timeout:.0f}s on the cluster at "
+                    f"{ray.get_runtime_context().gcs_address}. Start its owner on that cluster "
+                    "with ReplayBuffer(..., service_backend='ray', service_backend_options="
+                    f"{{'remote_config': named_actor_config({name!r})}}), or check name, "
+                    "namespace and address."
+                ) from None
+            time.sleep(0.2)

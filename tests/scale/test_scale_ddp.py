@@ -1,0 +1,78 @@
+"""Real DDP (2 CPU ranks, gloo) over local per-rank buffers, run as a script in a subprocess.
+
+Lightning's DDP launcher re-runs the launching script for every rank, so the runs live in
+``scripts/ddp_local.py``; each rank writes what it drew to a JSON file checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_local.py"
+TIMEOUT_S = 240  # a rank stuck in a collective (epoch length mismatch) ends the run here
+
+
+def _ranks(out_dir: Path) -> list[dict]:
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory) -> dict[str, list[dict]]:
+    # Both runs at once: most of their time is process start-up, which overlaps well.
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
+    env.pop("MASTER_PORT", None)
+    runs = {}
+    for mode in ("same", "uneven"):
+        out_dir = tmp_path_factory.mktemp(mode)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(out_dir), mode],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        runs[mode] = (proc, out_dir)
+    results = {}
+    for mode, (proc, out_dir) in runs.items():
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+            pytest.fail(
+                f"DDP run {mode!r} did not finish in {TIMEOUT_S}s (hang?):\n{output[-3000:]}"
+            )
+        assert proc.returncode == 0, f"DDP run {mode!r} failed:\n{output[-3000:]}"
+        results[mode] = _ranks(out_dir)
+    return results
+
+
+def test_each_rank_draws_its_own_stream_and_limit_counts_per_rank(ddp_runs):
+    rank0, rank1 = ddp_runs["same"]
+    assert (rank0["rank"], rank1["rank"], rank0["world_size"]) == (0, 1, 2)
+    # limit_train_batches=3, max_epochs=2: 6 batches on *each* rank, as Lightning counts.
+    for rank in (rank0, rank1):
+        assert rank["global_step"] == 6
+        assert rank["batches_served"] == 6
+        assert len(rank["ids"]) == 6
+    # Identical buffers and the same global seed on both ranks: only rank-aware
+    # seeding makes their batches differ.
+    shared = {tuple(b) for b in rank0["ids"]} & {tuple(b) for b in rank1["ids"]}
+    assert not shared, "two ranks drew the same batch"
+
+
+def test_uneven_local_buffers_get_one_epoch_length_on_all_ranks(ddp_runs):
+    rank0, rank1 = ddp_runs["uneven"]
+    # Local buffers of 100 and 160 items, batch 10: "auto" would be 10 and 16 batches;
+    # all ranks agree on the smaller, so the run ends instead of hanging in a collective.
+    for rank in (rank0, rank1):
+        assert rank["global_step"] == 20
+        assert rank["batches_served"] == 20
+    assert max(max(b) for b in rank0["ids"]) < 100
+    assert max(max(b) for b in rank1["ids"]) >= 100, "rank 1 samples its own, larger buffer"

@@ -1,0 +1,130 @@
+"""One Ray-backed buffer shared by a collector process and 2 DDP ranks, on a local Ray cluster.
+
+The test is the head node: it starts Ray on loopback and owns the named buffer actor; a
+collector process and the DDP run (scripts/) join the cluster by address and find the
+buffer by name, as separate machines would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
+
+from rb_lightning import ReplayBufferDataModule
+
+ray = pytest.importorskip("ray")
+from rb_lightning.ray import RayReplayBufferView, named_actor_config  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TOTAL = 400
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _owner(name: str, capacity: int = 1_000) -> ReplayBuffer:
+    return ReplayBuffer(
+        storage=partial(LazyTensorStorage, capacity),
+        sampler=partial(PrioritizedSampler, capacity, alpha=1.0, beta=0.5),
+        service_backend="ray",
+        service_backend_options={"remote_config": named_actor_config(name)},
+    )
+
+
+def test_ddp_ranks_sample_one_buffer_a_collector_fills(cluster, tmp_path):
+    owner = _owner("shared")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
+    env.pop("MASTER_PORT", None)
+    args = [cluster, "shared", str(TOTAL)]
+    collector = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "ray_collector.py"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, str(SCRIPTS / "ray_ddp.py"), str(tmp_path), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        assert collector.wait(timeout=60) == 0, collector.stdout.read()[-3000:]
+        ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert len(owner) == TOTAL
+        for rank in ranks:
+            assert rank["global_step"] == 6  # limit_train_batches=3 per rank, 2 epochs
+        batches = [{tuple(b) for b in rank["ids"]} for rank in ranks]
+        assert not batches[0] & batches[1], "two ranks drew the same batch from the shared buffer"
+        # Each rank boosted its own index (10 and 11) in the shared sampler; the owner's
+        # samples must be dominated by both.
+        drawn = owner.sample(400)["id"]
+        for index in (10, 11):
+            assert (drawn == index).sum() > 100, f"rank {index - 10}'s priority update was lost"
+        assert ((drawn == 10) | (drawn == 11)).float().mean() > 0.95
+    finally:
+        collector.kill()
+        owner.close()
+
+
+def test_view_is_a_replay_buffer_for_the_datamodule(cluster):
+    owner = _owner("view")
+    try:
+        view = RayReplayBufferView("view", timeout=5)
+        assert len(view) == 0
+        with pytest.raises(ValueError, match="num_workers=0"):
+            ReplayBufferDataModule(view, batch_size=4, num_workers=1)
+        dm = ReplayBufferDataModule(view, batch_size=4, num_batches=2)
+        assert "<remote>" in repr(dm)
+        view.close()
+        assert len(owner) == 0, "closing a view must leave the owner's actor alive"
+        with pytest.raises(TimeoutError, match="'missing'"):
+            RayReplayBufferView("missing", timeout=0.5)
+    finally:
+        owner.close()
+
+
+def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
+    # set_rng on a Ray buffer would reset the one sampler every rank shares.
+    from tensordict import TensorDict
+
+    from rb_lightning import ReplayBufferBatchDataset
+    from rb_lightning._sharding import Shard
+
+    owner = _owner("seed")
+    try:
+        owner.extend(TensorDict({"id": torch.arange(100)}, batch_size=[100]))
+        dataset = ReplayBufferBatchDataset(owner, 8, num_batches=1)
+        draws = []
+        for _ in range(2):
+            # Re-seeding from the same global seed would replay the same batch twice.
+            torch.manual_seed(0)
+            dataset._seed_replica(Shard(rank=1, world_size=2))
+            draws.append(owner.sample(32)["id"])
+        assert not torch.equal(*draws), "the shared stream was reset by a rank"
+        assert next(iter(dataset))["id"].shape == (8,)
+    finally:
+        owner.close()
