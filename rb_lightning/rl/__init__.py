@@ -6,6 +6,7 @@ Not imported by ``import rb_lightning``: environments come from gymnasium
 
 from rb_lightning.rl.collector import OnlineCollector
 from rb_lightning.rl.dqn import DQN
+from rb_lightning.rl.sac import SAC
 from rb_lightning.rl.threads import TorchThreads
 
-__all__ = ["DQN", "OnlineCollector", "TorchThreads"]
+__all__ = ["DQN", "SAC", "OnlineCollector", "TorchThreads"]

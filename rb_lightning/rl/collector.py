@@ -23,6 +23,7 @@ from rb_lightning._validation import (
 )
 
 EPISODE_RETURN_KEY = "episode_reward"
+WARM_UP_CHUNK = 1_000
 
 
 def make_gym_env(env_name: str, **kwargs: Any) -> EnvBase:
@@ -40,7 +41,8 @@ class OnlineCollector(Callback):
     buffer that the DataModule samples from:
 
     * ``on_fit_start`` (before the first training batch is drawn): a warm-up of
-      ``init_random_frames`` frames with uniformly random actions.
+      ``init_random_frames`` frames with uniformly random actions (rounded up
+      to equal chunks of at most 1000 frames).
     * ``on_train_batch_end`` of every ``every_n_steps``-th batch:
       ``frames_per_step`` frames with the module's policy. The ratio of
       collected frames to gradient steps is ``frames_per_step / every_n_steps``.
@@ -208,21 +210,10 @@ class OnlineCollector(Callback):
         env.set_seed(seed)
         self._policy = self._resolve_policy(pl_module)
         self._check_policy_fits_env(self._policy, env)
-        self.collector = Collector(
-            env,
-            self._policy,
-            frames_per_batch=self.frames_per_step,
-            total_frames=-1,
-            init_random_frames=self.init_random_frames,
-            max_frames_per_traj=self.max_frames_per_traj,
-            policy_device=pl_module.device,
-            storing_device="cpu",
-            auto_register_policy_transforms=False,
-        )
+        self._warm_up(env, pl_module)
+        self.collector = self._make_collector(env, pl_module, self.frames_per_step)
         self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
         self._iterator = iter(self.collector)
-        while self.frames < self.init_random_frames:
-            self._collect()
         if len(self._buffer) == 0:
             raise ValueError(
                 "The replay buffer is still empty when training starts: set "
@@ -230,9 +221,42 @@ class OnlineCollector(Callback):
             )
         self._clock = (time.perf_counter(), 0)
 
+    def _make_collector(
+        self, env: EnvBase, pl_module: LightningModule, frames_per_batch: int, **kwargs: Any
+    ) -> Collector:
+        return Collector(
+            env,
+            self._policy,
+            frames_per_batch=frames_per_batch,
+            total_frames=-1,
+            max_frames_per_traj=self.max_frames_per_traj,
+            policy_device=pl_module.device,
+            storing_device="cpu",
+            auto_register_policy_transforms=False,
+            **kwargs,
+        )
+
+    def _warm_up(self, env: EnvBase, pl_module: LightningModule) -> None:
+        # A collector of its own, in chunks of up to WARM_UP_CHUNK frames: one frame per
+        # rollout costs several times more per frame. It runs the module's policy with
+        # random actions, so the stored keys match the frames collected later.
+        missing = self.init_random_frames - self.frames
+        if missing <= 0:
+            return
+        chunks = math.ceil(missing / WARM_UP_CHUNK)
+        chunk = math.ceil(missing / chunks)
+        warm_up = self._make_collector(env, pl_module, chunk, init_random_frames=chunks * chunk)
+        iterator = iter(warm_up)
+        for _ in range(chunks):
+            self._store(next(iterator))
+        warm_up.shutdown(close_env=False)
+
     # -- collection -------------------------------------------------------------------------
     def _collect(self) -> None:
-        frames = next(self._iterator).reshape(-1)
+        self._store(next(self._iterator))
+
+    def _store(self, frames: TensorDictBase) -> None:
+        frames = frames.reshape(-1)
         done = frames.get(("next", "done")).reshape(frames.shape[0], -1).any(-1)
         if done.any():
             returns = frames.get(("next", EPISODE_RETURN_KEY)).reshape(frames.shape[0], -1)

@@ -64,9 +64,8 @@ def test_warm_up_before_first_step_then_frames_per_step_each_step():
         "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=50, frames_per_step=3, seed=0
     )
     _fit(model, rb, collector, steps=6)
-    # The warm-up is rounded up to whole collector batches of 3: 51 frames.
-    assert model.seen_sizes == [51 + 3 * i for i in range(6)]
-    assert collector.frames == len(rb) == 51 + 3 * 6
+    assert model.seen_sizes == [50 + 3 * i for i in range(6)]
+    assert collector.frames == len(rb) == 50 + 3 * 6
     assert collector.episodes >= 1  # random CartPole episodes last ~20 frames
 
 
