@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torchrl.data as rl
-from conftest import toy_config
+from cli_helpers import toy_config
 
 
 def _cp(class_path: str, **init_args) -> dict:

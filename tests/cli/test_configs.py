@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import REPO, toy_config
+from cli_helpers import REPO, toy_config
 
 pytest.importorskip("transformers")
 

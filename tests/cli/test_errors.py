@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, toy_config
+from cli_helpers import REPO, toy_config
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
