@@ -46,6 +46,11 @@ def _in_shared_memory(storage: TensorStorage) -> bool:
     )
 
 
+def _is_remote(rb: ReplayBuffer) -> bool:
+    """A buffer served by an actor (``service_backend="ray"``): its parts live elsewhere."""
+    return getattr(rb, "service_backend", "direct") != "direct"
+
+
 def _part_name(rb: ReplayBuffer, part: str) -> str:
     # A Ray-backed buffer keeps its storage and sampler in the actor.
     try:
@@ -199,7 +204,9 @@ class ReplayBufferDataModule(LightningDataModule):
             checkpoint_inline_max_bytes, "checkpoint_inline_max_bytes"
         )
         # Sampling must draw from a generator a checkpoint can restore, not the global RNG.
-        ensure_generator(self.replay_buffer)
+        # A remote buffer's generator lives in its actor, with its owner.
+        if not _is_remote(self.replay_buffer):
+            ensure_generator(self.replay_buffer)
         self._replay_on_resume: list[Any] = []
 
     # -- checks -----------------------------------------------------------------------------
@@ -207,7 +214,7 @@ class ReplayBufferDataModule(LightningDataModule):
         if self.num_workers == 0:
             return
         rb = self.replay_buffer
-        if getattr(rb, "service_backend", "direct") != "direct":
+        if _is_remote(rb):
             raise ValueError(
                 f"num_workers>0 with a {rb.service_backend}-backed replay buffer: it samples in "
                 "its own actor, so worker processes add nothing but another connection. Use "
@@ -405,6 +412,10 @@ class ReplayBufferDataModule(LightningDataModule):
         beside it by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
         this installs on the Trainer.
         """
+        if _is_remote(self.replay_buffer):
+            # A shared (Ray) buffer belongs to its owner, which checkpoints it (rb.dumps);
+            # every rank saving it would race. Only this rank's progress is stored.
+            return {"batches_served": self.batches_served, "buffer": None}
         install_checkpoint_io(self.trainer)
         read_ahead = self._read_ahead()
         return {

@@ -99,6 +99,8 @@ def test_view_is_a_replay_buffer_for_the_datamodule(cluster):
             ReplayBufferDataModule(view, batch_size=4, num_workers=1)
         dm = ReplayBufferDataModule(view, batch_size=4, num_batches=2)
         assert "<remote>" in repr(dm)
+        # The owner checkpoints a shared buffer; a rank only records its progress.
+        assert dm.state_dict() == {"batches_served": 0, "buffer": None}
         view.close()
         assert len(owner) == 0, "closing a view must leave the owner's actor alive"
         with pytest.raises(TimeoutError, match="'missing'"):
