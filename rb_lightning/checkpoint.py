@@ -46,6 +46,7 @@ import shutil
 import tarfile
 import tempfile
 import uuid
+import warnings
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,6 +100,15 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
     return total
 
 
+def is_remote(replay_buffer: ReplayBuffer) -> bool:
+    """Whether the buffer's storage lives in another process (torchrl's ``RayReplayBuffer``).
+
+    Such a buffer is owned by its actor: it is neither re-seeded nor checkpointed here.
+    """
+    # By name: importing torchrl's ray_buffer module imports ray.
+    return any(cls.__name__ == "RayReplayBuffer" for cls in type(replay_buffer).__mro__)
+
+
 def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
     """Give ``replay_buffer`` its own ``torch.Generator`` if it has none, and return it.
 
@@ -107,8 +117,11 @@ def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
     device (samplers draw indices there) and is seeded from
     ``torch.initial_seed()`` (set by ``seed_everything``), offset so that it
     does not replay the global stream. Returns ``None`` while the device is
-    still unknown (a lazy storage with ``device="auto"`` and no data yet).
+    still unknown (a lazy storage with ``device="auto"`` and no data yet), and
+    for a remote buffer (:func:`is_remote`).
     """
+    if is_remote(replay_buffer):
+        return None
     generator = getattr(replay_buffer, "_rng", None)
     if generator is not None:
         return generator
@@ -493,8 +506,17 @@ def buffer_state(
 
     Inline (a packed dump) when the storage holds at most ``inline_max_bytes``
     bytes or is a ``ListStorage``; otherwise a :class:`BufferDumpRequest` that
-    :class:`BufferCheckpointIO` writes beside the ``.ckpt``.
+    :class:`BufferCheckpointIO` writes beside the ``.ckpt``. A remote buffer
+    (:func:`is_remote`) is not saved: its actor keeps the content.
     """
+    if is_remote(replay_buffer):
+        warnings.warn(
+            f"The replay buffer is remote ({type(replay_buffer).__name__}): its content lives in "
+            "its Ray actor and is not part of this checkpoint. A resumed run sees whatever the "
+            "actor holds then; save it with the actor's dumps() if it must survive the cluster.",
+            stacklevel=2,
+        )
+        return {"location": "remote"}
     ensure_generator(replay_buffer)
     small = buffer_nbytes(replay_buffer) <= inline_max_bytes
     if not small and not isinstance(replay_buffer.storage, ListStorage):
@@ -517,6 +539,8 @@ def restore_buffer_state(
 ) -> list[TensorDictBase]:
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first."""
     location = state.get("location")
+    if location == "remote":
+        return []
     if location == "inline":
         with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
             unpack_directory(state["archive"], tmp)
