@@ -32,6 +32,12 @@ from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDatas
 from rb_lightning.sources import BufferSource, SourceError
 
 AUTO = "auto"
+# Which sources each Lightning stage reads from.
+_SOURCES_FOR_STAGE = {
+    "fit": ("source", "val_source"),
+    "validate": ("val_source",),
+    "test": ("test_source",),
+}
 
 
 def _in_shared_memory(storage: TensorStorage) -> bool:
@@ -300,15 +306,20 @@ class ReplayBufferDataModule(LightningDataModule):
 
     # -- data -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """Fill the buffers from their sources, once, whichever stage sets up first."""
-        while self._unfilled:
-            name, source, buffer = self._unfilled[0]
+        """Fill the buffers this stage reads from their sources, each buffer once.
+
+        ``fit`` fills ``replay_buffer`` and ``val_buffer``, ``validate`` the
+        ``val_buffer`` and ``test`` the ``test_buffer``.
+        """
+        wanted = _SOURCES_FOR_STAGE.get(stage, ())
+        for entry in [entry for entry in self._unfilled if entry[0] in wanted]:
+            name, source, buffer = entry
             try:
                 source.fill(buffer)
             except SourceError as err:
                 err.key = name  # which DataModule argument, for the CLI's message
                 raise
-            self._unfilled.pop(0)
+            self._unfilled.remove(entry)
 
     # -- dataloaders ------------------------------------------------------------------------
     def _loader(self, dataset: Any) -> DataLoader:

@@ -88,22 +88,30 @@ def test_call_source_bad_function_fails_at_construction(spec, error, match):
         resolve_callable(spec)
 
 
-def test_datamodule_fills_each_buffer_once_from_its_source():
-    train, val = (
-        ReplayBuffer(storage=LazyTensorStorage(20)),
-        ReplayBuffer(storage=LazyTensorStorage(20)),
-    )
+def test_datamodule_fills_the_buffers_each_stage_reads_once():
+    def buffer():
+        return ReplayBuffer(storage=LazyTensorStorage(20))
+
+    def source(start):
+        return CallSource(f"{__name__}:fill_ids", kwargs={"n": 2, "start": start})
+
+    train, val, test = buffer(), buffer(), buffer()
     dm = ReplayBufferDataModule(
         train,
         batch_size=2,
         val_buffer=val,
-        source=CallSource(f"{__name__}:fill_ids", kwargs={"n": 5}),
-        val_source=CallSource(f"{__name__}:fill_ids", kwargs={"n": 2, "start": 100}),
+        test_buffer=test,
+        source=source(0),
+        val_source=source(100),
+        test_source=source(200),
     )
+    dm.setup("validate")
+    assert (len(train), len(val), len(test)) == (0, 2, 0)
     dm.setup("fit")
-    dm.setup("validate")  # a second stage does not fill again
-    assert len(train) == 5 and len(val) == 2
-    assert val[:2]["id"].tolist() == [100, 101]
+    dm.setup("validate")  # filled already: not again
+    assert (len(train), len(val), len(test)) == (2, 2, 0)
+    dm.setup("test")
+    assert test[:2]["id"].tolist() == [200, 201] and len(val) == 2
 
 
 def test_datamodule_rejects_source_without_its_buffer_or_of_wrong_type():
