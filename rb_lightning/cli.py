@@ -118,6 +118,17 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
 
     Returns:
         The CLI, with ``.model``, ``.datamodule`` and ``.trainer`` after the run.
+
+    Examples:
+        A typo ends the run with exit code 2 and, on stderr, ``error: config error
+        at model: class_path 'torch.nn.Linearr' cannot be imported: ... Did you
+        mean 'Linear'?``:
+
+        >>> try:
+        ...     main(["fit", "--model=torch.nn.Linearr"])
+        ... except SystemExit as stop:
+        ...     print(stop.code)
+        2
     """
     try:
         return ReplayBufferCLI(
