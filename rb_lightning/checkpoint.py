@@ -101,12 +101,11 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
 
 
 def is_remote(replay_buffer: ReplayBuffer) -> bool:
-    """Whether the buffer's storage lives in another process (torchrl's ``RayReplayBuffer``).
+    """Whether the buffer is served by an actor (``service_backend="ray"``, ``RayReplayBuffer``).
 
     Such a buffer is owned by its actor: it is neither re-seeded nor checkpointed here.
     """
-    # By name: importing torchrl's ray_buffer module imports ray.
-    return any(cls.__name__ == "RayReplayBuffer" for cls in type(replay_buffer).__mro__)
+    return getattr(replay_buffer, "service_backend", "direct") != "direct"
 
 
 def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
