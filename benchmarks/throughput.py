@@ -72,9 +72,21 @@ from rb_lightning import (  # noqa: E402
 PATHS = ("raw", "seed", "per_item", "batch")
 #: Also measured for prioritized samplers: the ceiling of a loop that needs the weights.
 INFO_PATH = "raw_info"
-TRAINER_PATHS = ("batch", "plain_loop", "trainer", "trainer_prefetch", "trainer_gap")
+TRAINER_PATHS = (
+    "batch",
+    "plain_loop",
+    "trainer",
+    "trainer_prefetch",
+    "trainer_gap",
+    "trainer_gap_constant",
+)
 RSS_PATHS = ("raw", "seed", "per_item", "batch", "trainer")
 PREFETCH = 4
+#: The clock every measurement reads: wall time (what users feel) or, with
+#: ``--clock cpu``, this process's CPU time (steadier on a shared machine, but
+#: it counts the prefetch threads' work instead of hiding it).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
 
 
 # -- items -------------------------------------------------------------------------------------
@@ -229,11 +241,11 @@ def time_batches(batches: Iterator[Any], min_seconds: float, min_batches: int = 
     """Batches per second after one warm-up batch (iterator start-up, first sample)."""
     next(batches)
     count = 0
-    start = time.perf_counter()
+    start = _clock()
     while True:
         next(batches)
         count += 1
-        elapsed = time.perf_counter() - start
+        elapsed = _clock() - start
         if count >= min_batches and elapsed >= min_seconds:
             return count / elapsed
 
@@ -277,13 +289,13 @@ class StepClock(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self.end is not None or (self.start is not None and trainer.global_step > self.warmup):
-            self.gap_seconds += time.perf_counter() - (self.end or self.start)
+            self.gap_seconds += _clock() - (self.end or self.start)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.warmup:
-            self.start = time.perf_counter()
+            self.start = _clock()
         elif trainer.global_step > self.warmup:
-            self.end = time.perf_counter()
+            self.end = _clock()
             self.steps = trainer.global_step - self.warmup
 
     @property
@@ -311,6 +323,23 @@ def make_trainer(max_steps: int, callbacks: list[L.Callback]) -> L.Trainer:
     )
 
 
+class _SameBatch(torch.utils.data.IterableDataset):
+    """One batch, forever: a data source that costs nothing."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.repeat(self.batch)
+
+
+class _ConstantDataModule(ReplayBufferDataModule):
+    """The DataModule with sampling taken out: isolates Lightning's own time between steps."""
+
+    def train_dataloader(self) -> DataLoader:
+        return batch_loader(_SameBatch(self.replay_buffer.sample(self.batch_size)))
+
+
 def fit_steps(
     rb: ReplayBuffer,
     item: str,
@@ -318,10 +347,15 @@ def fit_steps(
     steps: int,
     warmup: int = 5,
     model: TinyModel | None = None,
+    constant: bool = False,
 ) -> StepClock:
-    """Run ``Trainer.fit`` fed by ``ReplayBufferDataModule``; its clock has steps/s."""
+    """Run ``Trainer.fit`` fed by ``ReplayBufferDataModule``; its clock has steps/s.
+
+    ``constant=True`` feeds one pre-sampled batch over and over instead.
+    """
     clock = StepClock(warmup)
-    datamodule = ReplayBufferDataModule(rb, batch_size, num_batches=None)
+    module_class = _ConstantDataModule if constant else ReplayBufferDataModule
+    datamodule = module_class(rb, batch_size, num_batches=None)
     model = TinyModel(FEATURE_KEY[item]) if model is None else model
     with _quiet_lightning():
         make_trainer(warmup + steps, [clock]).fit(model, datamodule)
@@ -369,6 +403,23 @@ class Result:
     def median_rate(self, path: str) -> float:
         return statistics.median(self.rates[path])
 
+    def data_in_trainer_ratio(self) -> float:
+        """Batch-loader time per batch / time the sampled data adds between Trainer steps.
+
+        The added time is the gap between steps fed by the DataModule minus the gap
+        when the same Trainer is fed one constant batch (Lightning's own bookkeeping).
+        """
+        ratios = []
+        for batch, gap, constant in zip(
+            self.rates["batch"],
+            self.rates["trainer_gap"],
+            self.rates["trainer_gap_constant"],
+            strict=True,
+        ):
+            added = 1 / gap - 1 / constant
+            ratios.append((1 / batch) / added if added > 0 else float("inf"))
+        return statistics.median(ratios)
+
     def ratio(self, path: str, base: str) -> float:
         """Median of same-repeat ratios ``path / base``."""
         pairs = zip(self.rates[path], self.rates[base], strict=True)
@@ -399,11 +450,13 @@ def measure_trainer(shape: Shape, rb: ReplayBuffer, repeats: int, min_seconds: f
         plain_rate = plain_loop_steps(rb, shape.item, shape.batch_size, min_seconds)
         steps = max(20, int(plain_rate * min_seconds))
         clock = fit_steps(rb, shape.item, shape.batch_size, steps)
+        constant = fit_steps(rb, shape.item, shape.batch_size, steps, constant=True)
         rates = {
             "batch": batch_rate,
             "plain_loop": plain_rate,
             "trainer": clock.rate,
             "trainer_gap": clock.gap_rate,
+            "trainer_gap_constant": constant.gap_rate,
             "trainer_prefetch": fit_steps(twin, shape.item, shape.batch_size, steps).rate,
         }
         for path, rate in rates.items():
@@ -423,85 +476,120 @@ def _proc_status_kb(field_name: str) -> int | None:
     return None
 
 
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter (Linux >= 4.0); False where unsupported."""
-    try:
+def _reset_peak_rss() -> int:
+    """Reset the kernel's peak-RSS counter (Linux >= 4.0); return the resident size (kB)."""
+    with contextlib.suppress(OSError):
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
-        return True
-    except OSError:
-        return False
+    return _proc_status_kb("VmRSS") or 0
+
+
+def _peak_rss_kb() -> int:
+    import resource
+
+    return _proc_status_kb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def rss_child(spec: dict[str, Any]) -> dict[str, float]:
-    """In a fresh process: build the buffer, run one path, report its peak RSS growth (MB)."""
-    import resource
+    """In a fresh process: build the buffer, warm the path up (imports, first batch) and
+    drop it, then report how far a new loop raises the peak resident size (MB)."""
+    import gc
 
     shape = Shape(**spec["shape"])
     path, batches = spec["path"], spec["batches"]
     with tempfile.TemporaryDirectory() as scratch:
         rb = build_buffer(shape, scratch)
-        before_kb = _proc_status_kb("VmRSS")
-        if not _reset_peak_rss() or before_kb is None:
-            before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if path == "trainer":
-            fit_steps(rb, shape.item, shape.batch_size, batches, warmup=1)
+            fit_steps(rb, shape.item, shape.batch_size, steps=1, warmup=1)
+            gc.collect()
+            before_kb = _reset_peak_rss()
+            fit_steps(rb, shape.item, shape.batch_size, steps=batches, warmup=1)
         else:
+            warm = PATH_FACTORIES[path](rb, shape.batch_size)
+            next(warm)
+            del warm
+            gc.collect()
+            before_kb = _reset_peak_rss()
             iterator = PATH_FACTORIES[path](rb, shape.batch_size)
             for _ in range(batches):
                 next(iterator)
-        peak_kb = _proc_status_kb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_kb = _peak_rss_kb()
     batch_mb = item_bytes(shape.item) * shape.batch_size / 2**20
-    growth_mb = max(0, peak_kb - before_kb) / 1024
-    return {"growth_mb": growth_mb, "batch_mb": batch_mb}
+    return {"growth_mb": max(0, peak_kb - before_kb) / 1024, "batch_mb": batch_mb}
+
+
+def _in_subprocess(spec: dict[str, Any]) -> dict[str, Any]:
+    # A fixed mmap threshold stops glibc from keeping freed batches resident for reuse
+    # (its default threshold grows up to 32 MB), so RSS follows the live batches.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmark child {spec} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def measure_rss(shape: Shape, batches: int) -> dict[str, dict[str, float]]:
-    results = {}
-    for path in RSS_PATHS:
-        spec = {"shape": shape.__dict__, "path": path, "batches": batches}
-        out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--rss-child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=True,
+    return {
+        path: _in_subprocess(
+            {"task": "rss", "shape": shape.__dict__, "path": path, "batches": batches}
         )
-        results[path] = json.loads(out.stdout.strip().splitlines()[-1])
-    return results
+        for path in RSS_PATHS
+    }
 
 
-# -- buffer-size scaling -----------------------------------------------------------------------
-def measure_scaling(
-    sizes: list[int], storages: list[str], scratch: str, repeats: int, min_seconds: float
-) -> list[dict[str, Any]]:
-    rows = []
-    for storage, size in itertools.product(storages, sizes):
-        shape = Shape("rl", storage, "random", 256, size)
-        rss_before = _proc_status_kb("VmRSS") or 0
+# -- buffer-size scaling, one subprocess per buffer --------------------------------------------
+def scaling_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: build one buffer, report its memory and raw/batch samples/s."""
+    shape = Shape(**spec["shape"])
+    rss_before = _proc_status_kb("VmRSS") or 0
+    with tempfile.TemporaryDirectory(dir=spec.get("scratch")) as scratch:
         started = time.perf_counter()
         rb = build_buffer(shape, scratch, chunk=10_000)
         build_s = time.perf_counter() - started
-        rss_growth = max(0, (_proc_status_kb("VmRSS") or 0) - rss_before) / 1024
+        rss_mb = max(0, (_proc_status_kb("VmRSS") or 0) - rss_before) / 1024
+        disk_mb = _dir_mb(rb.storage.scratch_dir) if shape.storage == "memmap" else 0.0
         result = Result(shape, {"raw": [], "batch": []})
-        for _ in range(repeats):
-            for path in ("raw", "batch"):
-                rate = time_batches(PATH_FACTORIES[path](rb, 256), min_seconds)
-                result.rates[path].append(rate * 256)
-        disk_mb = _dir_mb(rb.storage.scratch_dir) if storage == "memmap" else 0.0
-        rows.append(
-            {
-                "storage": storage,
-                "size": size,
-                "raw": result.median_rate("raw"),
-                "batch": result.median_rate("batch"),
-                "ratio": result.ratio("batch", "raw"),
-                "rss_mb": rss_growth,
-                "disk_mb": disk_mb,
-                "build_s": build_s,
-            }
-        )
+        for repeat in range(spec["repeats"]):
+            for path in _rotated(("raw", "batch"), repeat):
+                rate = time_batches(PATH_FACTORIES[path](rb, shape.batch_size), spec["min_seconds"])
+                result.rates[path].append(rate * shape.batch_size)
         del rb
-    return rows
+    return {
+        "storage": shape.storage,
+        "size": shape.size,
+        "raw": result.median_rate("raw"),
+        "batch": result.median_rate("batch"),
+        "ratio": result.ratio("batch", "raw"),
+        "rss_mb": rss_mb,
+        "disk_mb": disk_mb,
+        "data_mb": item_bytes(shape.item) * shape.size / 2**20,
+        "build_s": build_s,
+    }
+
+
+def measure_scaling(
+    sizes: list[int], storages: list[str], scratch: str, repeats: int, min_seconds: float
+) -> list[dict[str, Any]]:
+    spec = {
+        "task": "scaling",
+        "scratch": scratch,
+        "repeats": repeats,
+        "min_seconds": min_seconds,
+        "clock": _clock_name(),
+    }
+    return [
+        _in_subprocess({**spec, "shape": Shape("rl", storage, "random", 256, size).__dict__})
+        for storage, size in itertools.product(storages, sizes)
+    ]
+
+
+def _clock_name() -> str:
+    return next(name for name, clock in CLOCKS.items() if clock is _clock)
 
 
 def _dir_mb(path: str) -> float:
@@ -536,8 +624,9 @@ def trainer_table(results: list[Result]) -> str:
     lines = [
         "| item / storage / sampler / B | batch loader steps/s | plain loop steps/s "
         "| Trainer steps/s | Trainer / batch | Trainer / plain loop "
-        "| data path in Trainer / batch | Trainer+prefetch / Trainer |",
-        "|---|---|---|---|---|---|---|---|",
+        "| data path in Trainer / batch | Lightning's own gap per step "
+        "| Trainer+prefetch / Trainer |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         b = r.shape.batch_size
@@ -545,7 +634,8 @@ def trainer_table(results: list[Result]) -> str:
             f"| {r.shape.label} | {r.median_rate('batch') / b:.0f} "
             f"| {r.median_rate('plain_loop') / b:.0f} | {r.median_rate('trainer') / b:.0f} "
             f"| {r.ratio('trainer', 'batch'):.2f} | {r.ratio('trainer', 'plain_loop'):.2f} "
-            f"| **{r.ratio('trainer_gap', 'batch'):.2f}** "
+            f"| **{r.data_in_trainer_ratio():.2f}** "
+            f"| {1e6 * b / r.median_rate('trainer_gap_constant'):.0f} us "
             f"| {r.ratio('trainer_prefetch', 'trainer'):.2f} |"
         )
     return "\n".join(lines)
@@ -567,13 +657,14 @@ def rss_table(shape: Shape, rss: dict[str, dict[str, float]]) -> str:
 def scaling_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| storage / buffer size (RL, B=256) | raw samples/s | batch samples/s | batch / raw "
-        "| RSS growth MB | on disk MB |",
-        "|---|---|---|---|---|---|",
+        "| data MB | RSS growth MB | on disk MB | build s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['storage']} / {row['size']:,} | {_k(row['raw'])} | {_k(row['batch'])} "
-            f"| {row['ratio']:.2f} | {row['rss_mb']:.0f} | {row['disk_mb']:.0f} |"
+            f"| {row['ratio']:.2f} | {row['data_mb']:.0f} | {row['rss_mb']:.0f} "
+            f"| {row['disk_mb']:.0f} | {row['build_s']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -582,7 +673,8 @@ def environment_line() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load} at start, "
-        f"python {platform.python_version()}, torch threads {torch.get_num_threads()}"
+        f"python {platform.python_version()}, torch threads {torch.get_num_threads()}, "
+        f"clock {_clock_name()}"
     )
 
 
@@ -631,12 +723,12 @@ def quick_plan() -> Plan:
     return Plan(
         loader_shapes=shapes,
         trainer_shapes=[Shape("llm", "tensor", "random", 256, DEFAULT_SIZES["llm"])],
-        rss_shape=Shape("llm", "tensor", "random", 1024, DEFAULT_SIZES["llm"]),
+        rss_shape=Shape("llm", "tensor", "random", 1024, 4_096),
         rss_batches=20,
         scaling_sizes=[10_000, 100_000],
         scaling_storages=["tensor"],
-        repeats=3,
-        min_seconds=0.2,
+        repeats=5,
+        min_seconds=0.15,
     )
 
 
@@ -647,8 +739,8 @@ def smoke_plan() -> Plan:
         trainer_shapes=[Shape("rl", "tensor", "random", 8, 64)],
         rss_shape=None,
         rss_batches=0,
-        scaling_sizes=[64],
-        scaling_storages=["memmap"],
+        scaling_sizes=[],  # subprocesses: the test calls scaling_child in-process instead
+        scaling_storages=[],
         repeats=1,
         min_seconds=0.0,
     )
@@ -676,11 +768,12 @@ def run(plan: Plan, scratch: str, echo: Callable[[str], None] = print) -> str:
             rss = measure_rss(plan.rss_shape, plan.rss_batches)
             echo("  measured peak RSS")
             sections += ["", "### Peak memory", "", rss_table(plan.rss_shape, rss)]
-        rows = measure_scaling(
-            plan.scaling_sizes, plan.scaling_storages, scratch, plan.repeats, plan.min_seconds
-        )
-        echo("  measured scaling")
-        sections += ["", "### Buffer size", "", scaling_table(rows)]
+        if plan.scaling_sizes:
+            rows = measure_scaling(
+                plan.scaling_sizes, plan.scaling_storages, scratch, plan.repeats, plan.min_seconds
+            )
+            echo("  measured scaling")
+            sections += ["", "### Buffer size", "", scaling_table(rows)]
     return "\n".join(sections)
 
 
@@ -703,11 +796,22 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--repeats", type=int, help="override repeats per shape")
     parser.add_argument("--min-seconds", type=float, help="override seconds per measurement")
     parser.add_argument("--scratch", help="directory for memmap storages (default: a temp dir)")
-    parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time (default), or process CPU time: steadier on a loaded machine",
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rss_child:
+    global _clock
+    _clock = CLOCKS[args.clock]
+    if args.child:
+        spec = json.loads(args.child)
+        _clock = CLOCKS[spec.get("clock", "wall")]
         with _quiet_torchrl():
-            report = json.dumps(rss_child(json.loads(args.rss_child)))
+            task = {"rss": rss_child, "scaling": scaling_child}[spec["task"]]
+            report = json.dumps(task(spec))
         print(report)
         return report
     plan = smoke_plan() if args.smoke else quick_plan() if args.quick else full_plan()

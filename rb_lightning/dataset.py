@@ -265,6 +265,12 @@ class _ReplayBufferStream(IterableDataset):
                     key,
                     available,
                 )
+        if not selected:
+            # Every requested key is missing: yielding empty items would be a silent wrong result.
+            raise KeyError(
+                f"None of keys={self._keys!r} is in the sampled batch, which has {available!r}. "
+                "Fix the names (nested keys are tuples, ('next', 'reward')) or pass keys=None."
+            )
         return selected
 
     def _batches(self) -> Iterator[Any]:
@@ -275,12 +281,17 @@ class _ReplayBufferStream(IterableDataset):
         drawn = 0
         self.in_flight.clear()  # what an earlier iterator read ahead was dropped with it
         while count is None or drawn < count:
-            batch = self.replay_first.pop(0) if self.replay_first else self._sample()
-            if self.track_in_flight:
-                self.in_flight.append(batch)
-            self.batches_served += 1
-            yield batch
+            yield self._hand_out()
             drawn += 1
+
+    def _hand_out(self) -> Any:
+        # Kept out of the generator's locals: the batch it yielded must not stay
+        # alive while the next one is sampled (a batch of extra peak memory).
+        batch = self.replay_first.pop(0) if self.replay_first else self._sample()
+        if self.track_in_flight:
+            self.in_flight.append(batch)
+        self.batches_served += 1
+        return batch
 
     def __len__(self) -> int:
         if self._num_batches is None:
@@ -447,8 +458,8 @@ class ReplayBufferBatchDataset(_ReplayBufferStream):
         return batch
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self._batches():
-            yield self._shape_batch(batch)
+        # map() holds no reference to the batch it handed out last (a for-loop would).
+        yield from map(self._shape_batch, self._batches())
 
 
 class ReplayBufferPassDataset(IterableDataset):

@@ -60,10 +60,19 @@ def test_sampler_info_on_every_batch_only_when_the_sampler_weighs():
 
 
 def test_a_bare_loader_keeps_no_batch_alive():
-    """No extra copy held between sample() and the consumer (peak RSS in the benchmark)."""
-    iterator = iter(batch_loader(ReplayBufferBatchDataset(_buffer(), 8, num_batches=None)))
-    first = weakref.ref(next(iterator)["obs"])
-    for _ in range(3):
-        next(iterator)
-    gc.collect()
-    assert first() is None
+    """Peak memory of one batch, like a bare rb.sample loop: the loader holds no batch it
+    handed out, neither in its read-ahead record nor while it samples the next one."""
+    handed_out: list[weakref.ref] = []
+    alive_while_sampling: list[bool] = []
+
+    def probe(batch):  # runs inside rb.sample, on the batch being drawn
+        gc.collect()
+        alive_while_sampling.append(any(ref() is not None for ref in handed_out))
+        return batch
+
+    rb = _buffer()
+    rb.append_transform(probe)
+    iterator = iter(batch_loader(ReplayBufferBatchDataset(rb, 8, num_batches=None)))
+    for _ in range(4):
+        handed_out.append(weakref.ref(next(iterator)["obs"]))
+    assert alive_while_sampling == [False] * 4

@@ -48,11 +48,15 @@ def test_every_path_yields_full_batches_and_the_report_runs(bench, tmp_path):
     assert model.seen_shapes == [(batch_size, 17)] * (batches + 1)
 
     peak = bench.rss_child({"shape": shape.__dict__, "path": "batch", "batches": batches})
+    scaled = bench.scaling_child(
+        {"shape": shape.__dict__, "repeats": 1, "min_seconds": 0.0, "scratch": str(tmp_path)}
+    )
+    assert scaled["size"] == 32 and scaled["raw"] > 0 and scaled["batch"] > 0
     assert peak["growth_mb"] >= 0 and peak["batch_mb"] == pytest.approx(
         8 * ((17 + 6 + 1) * 4 + 1) / 2**20
     )
 
     report = bench.main(["--smoke", "--scratch", str(tmp_path)])
-    for heading in ("### Loaders", "### Inside `Trainer.fit`", "### Buffer size"):
+    for heading in ("### Loaders", "### Inside `Trainer.fit`"):
         assert heading in report
     assert "| rl / tensor / prioritized / 8 |" in report
