@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
+from rb_lightning._columns import leaf_keys
 from rb_lightning._validation import (
     check_keys,
     check_non_negative_int,
@@ -28,7 +29,12 @@ from rb_lightning.checkpoint import (
     install_checkpoint_io,
     restore_buffer_state,
 )
-from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferPassDataset, batch_loader
+from rb_lightning.dataset import (
+    SAMPLER_INFO_KEYS,
+    ReplayBufferBatchDataset,
+    ReplayBufferPassDataset,
+    batch_loader,
+)
 from rb_lightning.sources import BufferSource, SourceError
 
 AUTO = "auto"
@@ -320,6 +326,22 @@ class ReplayBufferDataModule(LightningDataModule):
                 err.key = name  # which DataModule argument, for the CLI's message
                 raise
             self._unfilled.remove(entry)
+        if stage == "fit":
+            self._check_keys_exist()
+
+    def _check_keys_exist(self) -> None:
+        """Fail at setup when a requested key is in none of the stored items."""
+        rb = self.replay_buffer
+        if self.keys is None or _is_remote(rb) or len(rb) == 0:
+            return  # nothing stored yet (a collector will fill it): checked at first sample
+        stored = set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
+        missing = [k for k in self.keys if k not in stored and k not in SAMPLER_INFO_KEYS]
+        if missing:
+            raise ValueError(
+                f"keys={self.keys!r}: {missing!r} not found in the replay buffer's items, which "
+                f"have {sorted(stored, key=str)!r}. Fix the names (nested keys are tuples, "
+                "('next', 'reward')) or pass keys=None to keep every key."
+            )
 
     # -- dataloaders ------------------------------------------------------------------------
     def _loader(self, dataset: Any) -> DataLoader:

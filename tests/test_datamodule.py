@@ -198,3 +198,10 @@ def test_workers_with_list_storage_under_spawn_rejected():
 def test_repr_is_readable(tensor_rb):
     text = repr(ReplayBufferDataModule(tensor_rb, batch_size=32))
     assert "LazyTensorStorage" in text and "batch_size=32" in text and "len=200" in text
+
+
+def test_unknown_keys_fail_at_setup(tensor_rb):
+    dm = ReplayBufferDataModule(tensor_rb, batch_size=8, keys=["obs", ("next", "rewrd")])
+    with pytest.raises(ValueError, match=r"\('next', 'rewrd'\)\] not found in the replay buffer"):
+        dm.setup("fit")
+    ReplayBufferDataModule(tensor_rb, batch_size=8, keys=["obs", "index"]).setup("fit")

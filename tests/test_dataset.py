@@ -285,3 +285,8 @@ def test_strings_in_nontensorstack_columns():
     )
     for item in ReplayBufferDataset(rb, 6):
         assert item["s"] == "abc"[int(item["x"])]
+
+
+def test_keys_all_missing_raises(tensor_rb):
+    with pytest.raises(KeyError, match=r"None of keys=\['nope'\].*keys=None"):
+        next(iter(ReplayBufferDataset(tensor_rb, 4, keys=["nope"])))
