@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
+
+import yaml
+
+from rb_lightning.cli import ReplayBufferCLI, main
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET_TRAINER = [
@@ -32,3 +38,18 @@ def toy_config(replay_buffer: dict[str, Any], **data_args: Any) -> dict[str, Any
             },
         },
     }
+
+
+def run_cli(args: list[str], root: Path) -> ReplayBufferCLI:
+    """Run ``rb_lightning.cli.main(args)`` quietly, writing run files under ``root``."""
+    subcommand, rest = args[0], args[1:]
+    extra = [f"--trainer.default_root_dir={root}", *QUIET_TRAINER]
+    with mock.patch.object(sys, "argv", ["train.py"]):  # not pytest's own arguments
+        return main([subcommand, *rest, *extra])
+
+
+def write_config(config: dict[str, Any], directory: Path, name: str = "run.yaml") -> Path:
+    """Write ``config`` as YAML to ``directory / name``."""
+    path = directory / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

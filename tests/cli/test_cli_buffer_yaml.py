@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torchrl.data as rl
-from cli_helpers import toy_config
+from cli_helpers import run_cli, toy_config, write_config
 
 
 def _cp(class_path: str, **init_args) -> dict:
@@ -99,20 +99,20 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_buffer_from_yaml_round_trips_and_trains(name, tmp_path, run_cli, write_config, capsys):
+def test_buffer_from_yaml_round_trips_and_trains(name, tmp_path, capsys):
     buffer, check = VARIANTS[name]
     text = str(buffer).replace("SCRATCH", str(tmp_path / "scratch"))
-    config = write_config(toy_config(eval(text)), "first.yaml")  # noqa: S307 - our own literal
+    config = write_config(toy_config(eval(text)), tmp_path, "first.yaml")  # noqa: S307 - our own literal
 
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fit", "--config", str(config), "--print_config"])
+        run_cli(["fit", "--config", str(config), "--print_config"], tmp_path)
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
     assert "Unable to serialize" not in printed
     round_trip = tmp_path / "printed.yaml"
     round_trip.write_text(printed)
 
-    cli = run_cli(["fit", "--config", str(round_trip), "--trainer.max_steps=2"])
+    cli = run_cli(["fit", "--config", str(round_trip), "--trainer.max_steps=2"], tmp_path)
 
     rb = cli.datamodule.replay_buffer
     assert check(rb, tmp_path), f"{name}: built {rb}"

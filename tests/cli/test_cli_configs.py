@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import yaml
-from cli_helpers import REPO, toy_config
+from cli_helpers import REPO, run_cli, toy_config, write_config
 
 pytest.importorskip("transformers")
 
@@ -27,10 +27,10 @@ def _load_script():
     return module
 
 
-def test_llm_sft_loss_falls(run_cli):
+def test_llm_sft_loss_falls(tmp_path):
     from rb_lightning.llm.module import CausalLMModule
 
-    cli = run_cli(["fit", "--config", LLM_SFT, "--trainer.max_steps=30"])
+    cli = run_cli(["fit", "--config", LLM_SFT, "--trainer.max_steps=30"], tmp_path)
 
     assert cli.trainer.global_step == 30
     rb = cli.datamodule.replay_buffer
@@ -44,7 +44,7 @@ def test_llm_sft_loss_falls(run_cli):
     assert after < 0.85 * before, (before, after)
 
 
-def test_offline_from_disk_trains_on_the_saved_items(run_cli, tmp_path):
+def test_offline_from_disk_trains_on_the_saved_items(tmp_path):
     saved = _load_script().make_offline_buffer(tmp_path / "buffer", num_examples=256)
 
     cli = run_cli(
@@ -54,7 +54,8 @@ def test_offline_from_disk_trains_on_the_saved_items(run_cli, tmp_path):
             OFFLINE,
             f"--data.init_args.source.init_args.path={tmp_path / 'buffer'}",
             "--trainer.max_steps=3",
-        ]
+        ],
+        tmp_path,
     )
 
     rb = cli.datamodule.replay_buffer
@@ -64,9 +65,9 @@ def test_offline_from_disk_trains_on_the_saved_items(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("config", [LLM_SFT, OFFLINE])
-def test_shipped_config_round_trips_through_print_config(config, run_cli, capsys, tmp_path):
+def test_shipped_config_round_trips_through_print_config(config, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        run_cli(["fit", "--config", config, "--print_config"])
+        run_cli(["fit", "--config", config, "--print_config"], tmp_path)
     printed = capsys.readouterr().out
     assert "Unable to serialize" not in printed
     reparsed = yaml.safe_load(printed)
@@ -79,11 +80,11 @@ def test_shipped_config_round_trips_through_print_config(config, run_cli, capsys
     # The printed config parses again, to the same config.
     (tmp_path / "printed.yaml").write_text(printed)
     with pytest.raises(SystemExit):
-        run_cli(["fit", "--config", str(tmp_path / "printed.yaml"), "--print_config"])
+        run_cli(["fit", "--config", str(tmp_path / "printed.yaml"), "--print_config"], tmp_path)
     assert yaml.safe_load(capsys.readouterr().out) == reparsed
 
 
-def test_validate_and_test_subcommands_read_their_sources(run_cli, write_config):
+def test_validate_and_test_subcommands_read_their_sources(tmp_path):
     buffer = {
         "class_path": "torchrl.data.TensorDictReplayBuffer",
         "init_args": {
@@ -98,11 +99,14 @@ def test_validate_and_test_subcommands_read_their_sources(run_cli, write_config)
         "init_args": {"function": "cli_toy:fill_regression", "kwargs": {"n": 20}},
     }
     config = write_config(
-        toy_config(buffer, val_buffer=buffer, test_buffer=buffer, val_source=fill, test_source=fill)
+        toy_config(
+            buffer, val_buffer=buffer, test_buffer=buffer, val_source=fill, test_source=fill
+        ),
+        tmp_path,
     )
-    cli = run_cli(["validate", "--config", str(config)])
+    cli = run_cli(["validate", "--config", str(config)], tmp_path)
     assert cli.trainer.callback_metrics["val_items"] == 20  # one in-order pass
-    cli = run_cli(["test", "--config", str(config)])
+    cli = run_cli(["test", "--config", str(config)], tmp_path)
     assert cli.trainer.callback_metrics["test_items"] == 20
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from cli_helpers import REPO, toy_config
+from cli_helpers import REPO, run_cli, toy_config, write_config
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
@@ -88,12 +88,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_config_gives_one_paragraph_naming_the_key(
-    name, run_cli, write_config, capsys, tmp_path
-):
+def test_bad_config_gives_one_paragraph_naming_the_key(name, capsys, tmp_path):
     config, expected = CASES[name]
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fit", "--config", str(write_config(config))])
+        run_cli(["fit", "--config", str(write_config(config, tmp_path))], tmp_path)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     message = err.splitlines()[-1]
@@ -103,11 +101,14 @@ def test_bad_config_gives_one_paragraph_naming_the_key(
     assert "usage:" not in err and "Traceback" not in err
 
 
-def test_saved_directory_that_does_not_match_the_buffer(run_cli, write_config, capsys, tmp_path):
+def test_saved_directory_that_does_not_match_the_buffer(capsys, tmp_path):
     path = _saved_buffer(tmp_path / "saved")  # capacity 50; the config's buffer holds 100
     config = toy_config(_buffer(), source=_source("LoadDirectory", path=path))
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(["fit", "--config", str(write_config(config)), "--trainer.max_steps=1"])
+        run_cli(
+            ["fit", "--config", str(write_config(config, tmp_path)), "--trainer.max_steps=1"],
+            tmp_path,
+        )
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "at data.init_args.source:" in message and "max_size: 50" in message
@@ -124,12 +125,12 @@ def test_saved_directory_that_does_not_match_the_buffer(run_cli, write_config, c
     ],
     ids=["missing file", "unknown subcommand", "yaml syntax", "unknown top key", "bad flag"],
 )
-def test_file_and_command_line_errors(args, text, expected, run_cli, capsys, tmp_path):
+def test_file_and_command_line_errors(args, text, expected, capsys, tmp_path):
     if text is not None:
         (tmp_path / "c.yaml").write_text(text or "model: {class_path: cli_toy.Regressor}\n")
         args = [*args, "--config", str(tmp_path / "c.yaml")]
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(args)
+        run_cli(args, tmp_path)
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith("error: config error"), message
@@ -137,8 +138,10 @@ def test_file_and_command_line_errors(args, text, expected, run_cli, capsys, tmp
         assert part in message, f"{part!r} not in {message!r}"
 
 
-def test_train_py_reports_a_typo_without_traceback(tmp_path, write_config):
-    config = write_config(toy_config(_buffer(sampler={"class_path": "torchrl.data.RandomSamplr"})))
+def test_train_py_reports_a_typo_without_traceback(tmp_path):
+    config = write_config(
+        toy_config(_buffer(sampler={"class_path": "torchrl.data.RandomSamplr"})), tmp_path
+    )
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'cli'}{os.pathsep}{REPO}"}
     env.pop(_DEBUG := "RB_LIGHTNING_DEBUG", None)
     result = subprocess.run(
