@@ -328,6 +328,8 @@ class ReplayBufferDataModule(LightningDataModule):
             self._unfilled.remove(entry)
         if stage == "fit":
             self._check_keys_exist()
+            if self.num_batches is None:
+                self._check_epoch_is_bounded(None)  # before Lightning prints or builds anything
 
     def _check_keys_exist(self) -> None:
         """Fail at setup when a requested key is in none of the stored items."""

@@ -205,3 +205,10 @@ def test_unknown_keys_fail_at_setup(tensor_rb):
     with pytest.raises(ValueError, match=r"\('next', 'rewrd'\)\] not found in the replay buffer"):
         dm.setup("fit")
     ReplayBufferDataModule(tensor_rb, batch_size=8, keys=["obs", "index"]).setup("fit")
+
+
+def test_unbounded_stream_error_comes_at_setup(tensor_rb):
+    dm = ReplayBufferDataModule(tensor_rb, batch_size=8, num_batches=None)
+    dm.trainer = trainer(max_epochs=1)
+    with pytest.raises(ValueError, match="unbounded stream"):
+        dm.setup("fit")
