@@ -40,9 +40,10 @@ class OnlineCollector(Callback):
     LightningModule's acting policy and writes what it collects into the replay
     buffer that the DataModule samples from:
 
-    * ``on_fit_start`` (before the first training batch is drawn): a warm-up of
-      ``init_random_frames`` frames with uniformly random actions (rounded up
-      to equal chunks of at most 1000 frames).
+    * ``on_fit_start`` (before the first training batch is drawn): a warm-up
+      with uniformly random actions until the buffer holds ``init_random_frames``
+      items (rounded up to equal chunks of at most 1000 frames). A buffer that
+      already holds them, e.g. restored on resume, gets no warm-up.
     * ``on_train_batch_end`` of every ``every_n_steps``-th batch:
       ``frames_per_step`` frames with the module's policy. The ratio of
       collected frames to gradient steps is ``frames_per_step / every_n_steps``.
@@ -65,9 +66,10 @@ class OnlineCollector(Callback):
             environment does not already write ``"episode_reward"``.
 
     Keyword Args:
-        init_random_frames: Random-action frames collected before training starts.
+        init_random_frames: Buffer size to reach with random-action frames
+            before training starts.
         frames_per_step: Frames collected after each collecting training step.
-        every_n_steps: Collect after every n-th training step.
+        every_n_steps: Collect after every n-th training batch.
         env_kwargs: Keyword arguments for ``GymEnv`` when ``env`` is a string
             (e.g. ``{"categorical_action_encoding": True}``).
         max_frames_per_traj: Reset an episode after this many frames (``None``:
@@ -140,6 +142,7 @@ class OnlineCollector(Callback):
         self._copies_policy = False
         self._clock: tuple[float, int] | None = None
         self._episodes_logged = 0
+        self._batches = 0
 
     # -- setup ------------------------------------------------------------------------------
     def _make_env(self) -> EnvBase:
@@ -240,7 +243,7 @@ class OnlineCollector(Callback):
         # A collector of its own, in chunks of up to WARM_UP_CHUNK frames: one frame per
         # rollout costs several times more per frame. It runs the module's policy with
         # random actions, so the stored keys match the frames collected later.
-        missing = self.init_random_frames - self.frames
+        missing = self.init_random_frames - len(self._buffer)
         if missing <= 0:
             return
         chunks = math.ceil(missing / WARM_UP_CHUNK)
@@ -279,7 +282,8 @@ class OnlineCollector(Callback):
         """Sync weights, collect ``frames_per_step`` frames, log progress."""
         if self.collector is None:
             return
-        if trainer.global_step % self.every_n_steps == 0:
+        self._batches += 1
+        if self._batches % self.every_n_steps == 0:
             if self._copies_policy:
                 self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
             self._collect()

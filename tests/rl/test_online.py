@@ -88,20 +88,37 @@ def test_every_n_steps_sets_the_collection_ratio():
 
 def test_priorities_follow_td_error():
     rb = _buffer(prioritized=True)
-    model = DQN(observation_size=4, num_actions=2, hidden_sizes=[16])
     collector = OnlineCollector(
-        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=64, frames_per_step=1, seed=0
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=200, frames_per_step=1, seed=0
     )
-    _fit(model, rb, collector, steps=8, batch_size=32)
-    # Read the sampler's sum tree: new items enter at the max priority (1.0 here), items
-    # seen in a batch get (|TD error| + eps) ** alpha, and CartPole's TD errors are not 1.
-    priorities = torch.as_tensor(rb.sampler._sum_tree[torch.arange(len(rb))])
-    changed = (priorities - 1.0).abs() > 1e-4
-    assert changed.sum() >= 32
-    assert (~changed).any()  # items never sampled keep the insertion priority
-    batch = rb.sample(32)
-    assert "priority_weight" in batch.keys()
-    assert not torch.allclose(batch["priority_weight"], batch["priority_weight"][0])
+    warm_up = torch.arange(200)
+    seen: dict[str, torch.Tensor] = {}
+    sampled: list[torch.Tensor] = []
+
+    def priorities() -> torch.Tensor:
+        # The sampler's sum tree holds each item's priority (|TD error| + eps) ** alpha.
+        return torch.as_tensor(rb.sampler._sum_tree[warm_up])
+
+    class Watch(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["before"] = priorities()
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            sampled.append(batch["index"])
+
+    trainer = _trainer(6, collector, Watch())
+    model = DQN(observation_size=4, num_actions=2, hidden_sizes=[16])
+    trainer.fit(model, datamodule=ReplayBufferDataModule(rb, batch_size=16, num_batches=None))
+    before, after = seen["before"], priorities()
+    assert torch.all(before == before[0])  # the warm-up entered at one priority
+    was_sampled = torch.zeros(200, dtype=torch.bool)
+    was_sampled[torch.cat(sampled)[torch.cat(sampled) < 200]] = True
+    changed = ~torch.isclose(after, before)
+    assert changed.any()
+    # Only items that were in a batch got a new priority; the rest kept theirs.
+    assert not (changed & ~was_sampled).any()
+    # Six batches of 16 touch well over 16 distinct items.
+    assert changed.sum() >= 16
 
 
 def test_collector_acts_with_the_modules_current_weights():
