@@ -40,7 +40,9 @@ class Shard:
 
     def seed(self, base_seed: int) -> int:
         """A seed unique to (base_seed, rank, worker)."""
-        seed = base_seed if self.worker_seed is None else self.worker_seed
+        # In a worker, base_seed is drawn from the worker's own RNG, which advances every
+        # epoch: persistent workers must not replay the previous epoch's stream.
+        seed = base_seed if self.worker_seed is None else self.worker_seed ^ base_seed
         return (seed + _RANK_STRIDE * self.rank + _WORKER_STRIDE * self.worker_id) % (2**63 - 1)
 
 

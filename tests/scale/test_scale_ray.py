@@ -130,3 +130,37 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
         assert next(iter(dataset))["id"].shape == (8,)
     finally:
         owner.close()
+
+
+def test_cartpole_dqn_ray_config_trains_from_the_shared_buffer(cluster, tmp_path):
+    # One process here (the DDP run itself is covered above); Ray is already up, so the
+    # config's ray_init_config is not used and its buffer actor joins this cluster.
+    pytest.importorskip("gymnasium")
+    from torchrl.data import RayReplayBuffer
+
+    from rb_lightning.cli import main
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn_ray.yaml"
+    cli = main(
+        args=[
+            "fit",
+            f"--config={config}",
+            "--trainer.strategy=auto",
+            "--trainer.devices=1",
+            "--trainer.max_steps=4",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    rb = cli.datamodule.replay_buffer
+    try:
+        assert isinstance(rb, RayReplayBuffer)
+        assert cli.trainer.global_step == 4
+        # Another process would find the same buffer by the config's name.
+        view = RayReplayBufferView("cartpole_dqn", timeout=5)
+        assert len(view) == len(rb) >= 1_000  # the collector's warm-up frames
+        view.close()
+    finally:
+        rb.close()
