@@ -201,9 +201,18 @@ class OnlineCollector(Callback):
                 )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Fail at setup, not mid-fit, when there is no buffer to fill."""
-        if stage == "fit":
-            self._resolve_buffer(trainer)
+        """Fail at setup, not mid-fit, when there is no buffer to fill or nobody would see it."""
+        if stage != "fit":
+            return
+        self._resolve_buffer(trainer)
+        workers = getattr(trainer.datamodule, "num_workers", 0)
+        if self.replay_buffer is None and workers:
+            raise ValueError(
+                f"OnlineCollector writes into the buffer in the training process, but the "
+                f"DataModule samples it in num_workers={workers} worker processes that hold "
+                "their own copy and would never see a collected frame. Use num_workers=0 "
+                "(sampling in-process is fast)."
+            )
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Build the collector and run the warm-up (the first batch is drawn after this)."""

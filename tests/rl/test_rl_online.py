@@ -204,6 +204,14 @@ def test_no_buffer_to_fill_is_refused_at_setup():
         trainer.fit(DQN(observation_size=4, num_actions=2), datamodule=Data())
 
 
+def test_dataloader_workers_are_refused_at_setup():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+    dm = ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=1)
+    trainer = _trainer(1, OnlineCollector("CartPole-v1", env_kwargs=CARTPOLE))
+    with pytest.raises(ValueError, match="never see a collected frame"):
+        trainer.fit(DQN(observation_size=4, num_actions=2), datamodule=dm)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
