@@ -708,7 +708,7 @@ def full_plan() -> Plan:
         scaling_sizes=[10_000, 100_000, 1_000_000],
         scaling_storages=["tensor", "memmap"],
         repeats=5,
-        min_seconds=0.3,
+        min_seconds=0.2,
     )
 
 
