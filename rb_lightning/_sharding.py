@@ -66,3 +66,12 @@ def current_shard() -> Shard:
 def draw_base_seed() -> int:
     """A seed drawn from torch's global RNG, as ``DataLoader`` does for its workers."""
     return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def is_remote(replay_buffer: object) -> bool:
+    """Whether the buffer is served by an actor (``service_backend="ray"``, ``RayReplayBuffer``).
+
+    Such a buffer is one shared sampler, not a per-process copy: it is neither
+    re-seeded per worker or rank nor checkpointed by this process.
+    """
+    return getattr(replay_buffer, "service_backend", "direct") != "direct"

@@ -58,6 +58,8 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 
+from rb_lightning._sharding import is_remote
+
 #: Buffers whose storage holds at most this many bytes go inside the ``.ckpt``;
 #: larger ones are written beside it. ``ReplayBufferDataModule(checkpoint_inline_max_bytes=...)``
 #: overrides it (``0``: always beside).
@@ -98,14 +100,6 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
         elif isinstance(item, torch.Tensor):
             total += item.numel() * item.element_size()
     return total
-
-
-def is_remote(replay_buffer: ReplayBuffer) -> bool:
-    """Whether the buffer is served by an actor (``service_backend="ray"``, ``RayReplayBuffer``).
-
-    Such a buffer is owned by its actor: it is neither re-seeded nor checkpointed here.
-    """
-    return getattr(replay_buffer, "service_backend", "direct") != "direct"
 
 
 def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:

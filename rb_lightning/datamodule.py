@@ -16,6 +16,7 @@ from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning._columns import leaf_keys
+from rb_lightning._sharding import is_remote
 from rb_lightning._validation import (
     check_keys,
     check_non_negative_int,
@@ -56,11 +57,6 @@ def _in_shared_memory(storage: TensorStorage) -> bool:
     return isinstance(rows, MemoryMappedTensor) or (
         isinstance(rows, torch.Tensor) and rows.is_shared()
     )
-
-
-def _is_remote(rb: ReplayBuffer) -> bool:
-    """A buffer served by an actor (``service_backend="ray"``): its parts live elsewhere."""
-    return getattr(rb, "service_backend", "direct") != "direct"
 
 
 def _part_name(rb: ReplayBuffer, part: str) -> str:
@@ -217,7 +213,7 @@ class ReplayBufferDataModule(LightningDataModule):
         )
         # Sampling must draw from a generator a checkpoint can restore, not the global RNG.
         # A remote buffer's generator lives in its actor, with its owner.
-        if not _is_remote(self.replay_buffer):
+        if not is_remote(self.replay_buffer):
             ensure_generator(self.replay_buffer)
         self._replay_on_resume: list[Any] = []
 
@@ -226,7 +222,7 @@ class ReplayBufferDataModule(LightningDataModule):
         if self.num_workers == 0:
             return
         rb = self.replay_buffer
-        if _is_remote(rb):
+        if is_remote(rb):
             raise ValueError(
                 f"num_workers>0 with a {rb.service_backend}-backed replay buffer: it samples in "
                 "its own actor, so worker processes add nothing but another connection. Use "
@@ -334,7 +330,7 @@ class ReplayBufferDataModule(LightningDataModule):
     def _check_keys_exist(self) -> None:
         """Fail at setup when a requested key is in none of the stored items."""
         rb = self.replay_buffer
-        if self.keys is None or _is_remote(rb) or len(rb) == 0:
+        if self.keys is None or is_remote(rb) or len(rb) == 0:
             return  # nothing stored yet (a collector will fill it): checked at first sample
         stored = set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
         missing = [k for k in self.keys if k not in stored and k not in SAMPLER_INFO_KEYS]
@@ -447,7 +443,7 @@ class ReplayBufferDataModule(LightningDataModule):
         beside it by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
         this installs on the Trainer.
         """
-        if _is_remote(self.replay_buffer):
+        if is_remote(self.replay_buffer):
             # A shared (Ray) buffer belongs to its owner, which checkpoints it (rb.dumps);
             # every rank saving it would race. Only this rank's progress is stored.
             return {"batches_served": self.batches_served, "buffer": None}

@@ -28,7 +28,7 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning import _columns
 from rb_lightning._pickling import pickled_without_generator, unpickle_buffer
-from rb_lightning._sharding import Shard, current_shard, draw_base_seed
+from rb_lightning._sharding import Shard, current_shard, draw_base_seed, is_remote
 from rb_lightning._validation import (
     check_device,
     check_keys,
@@ -188,10 +188,7 @@ class _ReplayBufferStream(IterableDataset):
         # (or of an identically seeded global RNG): give each copy its own stream.
         # A remote (Ray) buffer is one sampler shared by all ranks: its single stream
         # already differs per call, and re-seeding it from each rank would reset it.
-        if (
-            shard.is_replica
-            and getattr(self._replay_buffer, "service_backend", "direct") == "direct"
-        ):
+        if shard.is_replica and not is_remote(self._replay_buffer):
             seed = shard.seed(draw_base_seed())
             self._replay_buffer.set_rng(torch.Generator().manual_seed(seed))
 
