@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from rb_testdata import make_transitions
 from tensordict import NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
 from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
@@ -16,24 +17,6 @@ from rb_lightning.hf import from_hf_dataset, infer_features, to_hf_dataset
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.hf
-
-
-def make_transitions(n: int, start: int = 0) -> TensorDict:
-    """RL-like items: an id, a nested key, a bool and a string per item."""
-    ids = torch.arange(start, start + n)
-    return TensorDict(
-        {
-            "id": ids,
-            "obs": torch.randn(n, 4),
-            "action": torch.randint(0, 2, (n,)),
-            "next": {
-                "reward": ids.float().unsqueeze(-1),
-                "done": torch.zeros(n, 1, dtype=torch.bool),
-            },
-            "prompt": NonTensorStack(*[f"item {i}" for i in ids.tolist()]),
-        },
-        batch_size=[n],
-    )
 
 
 @pytest.fixture
