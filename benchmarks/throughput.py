@@ -19,10 +19,15 @@ shape is measured ``--repeats`` times, paths interleaved, and a ratio is the
 median of the per-repeat ratios. Peak RSS is measured per path in a fresh
 subprocess: the peak over the loop minus the resident size before it.
 
+The Trainer rows also time the gap between steps, and the same gap when the
+Trainer is fed one constant batch (Lightning's own bookkeeping), to isolate
+what the sampled data adds inside ``Trainer.fit``.
+
 Run from the repository root::
 
     python benchmarks/throughput.py --quick      # a few shapes, ~2 minutes
-    python benchmarks/throughput.py              # the full grid
+    python benchmarks/throughput.py              # the full grid (~18 min on 2 busy cores)
+    python benchmarks/throughput.py --clock cpu  # process CPU time: steadier on a shared box
 """
 
 from __future__ import annotations
