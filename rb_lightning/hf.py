@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import NonTensorStack, TensorDict
 from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
@@ -303,22 +303,10 @@ def _arrow_column(name: str, col: torch.Tensor | list[Any], arrow_type: pa.DataT
         ) from None
 
 
-def _column(batch: Any, key: NestedKey) -> torch.Tensor | list[Any]:
-    if isinstance(batch, TensorDict):  # not a lazy stack, whose ragged leaves do not stack
-        value = batch.get(key, None)
-        if isinstance(value, NonTensorStack):
-            items = value.tensordicts
-            if all(type(item) is NonTensorData for item in items):
-                # NonTensorStack.tolist() goes through tensorclass attribute access per
-                # item: ~9 us each, most of a 100k-item snapshot. Read the values directly.
-                return [item._non_tensordict["data"] for item in items]
-    return _columns.column(batch, key)
-
-
 def _arrow_table(batch: Any, columns: Mapping[str, NestedKey], schema: pa.Schema) -> pa.Table:
     _, pa = _require_hf()
     arrays = [
-        _arrow_column(name, _column(batch, key), schema.field(name).type)
+        _arrow_column(name, _columns.column(batch, key), schema.field(name).type)
         for name, key in columns.items()
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
