@@ -6,6 +6,7 @@ fails at construction instead of deep inside a sampler or a worker.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,20 +24,44 @@ def check_replay_buffer(replay_buffer: Any, name: str = "replay_buffer") -> Repl
     return replay_buffer
 
 
+def as_int(value: Any) -> int | None:
+    """``value`` as a plain ``int`` if it is an integer of any kind, else ``None``.
+
+    Accepts Python and numpy integers (any ``numbers.Integral``) and 0-d
+    integer tensors (``torch.tensor(8)``), which config arithmetic and
+    ``len()`` of arrays produce. ``bool`` is refused: ``True`` as a batch size is
+    a bug, not 1.
+    """
+    if isinstance(value, bool):  # numpy.bool_ is not Integral: refused below
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.dtype.is_floating_point
+        and not value.dtype.is_complex
+        and value.dtype != torch.bool
+    ):
+        return int(value.item())
+    return None
+
+
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    # bool is an int subclass; True as a batch size is a bug, not 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    number = as_int(value)
+    if number is None or number <= 0:
         suffix = " or None (unbounded stream)" if allow_none else ""
         raise ValueError(f"{name} must be a positive integer{suffix}, got {value!r}.")
-    return value
+    return number
 
 
 def check_non_negative_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    number = as_int(value)
+    if number is None or number < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-    return value
+    return number
 
 
 def check_keys(keys: Any) -> list[NestedKey] | None:

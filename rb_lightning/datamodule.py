@@ -36,6 +36,12 @@ from rb_lightning.dataset import (
     ReplayBufferPassDataset,
     batch_loader,
 )
+from rb_lightning.priorities import (
+    InvalidPriority,
+    check_invalid_priority_mode,
+    check_priority,
+    current_max_priority,
+)
 from rb_lightning.sources import BufferSource, SourceError
 
 AUTO = "auto"
@@ -121,6 +127,13 @@ class ReplayBufferDataModule(LightningDataModule):
             at most this many bytes (default 64 MiB) go inside the ``.ckpt``;
             larger ones are written beside it, in ``<ckpt>.buffer/``. ``0``:
             always beside. See README "Resume".
+        invalid_priority: What :meth:`update_priority` does with NaN, infinite
+            or negative priorities (one of them poisons a ``PrioritizedSampler``
+            for good). ``"raise"`` (default): raise
+            :class:`~rb_lightning.priorities.InvalidPriorityError` counting them.
+            ``"replace"``: replace them with the sampler's current max priority
+            (``1.0`` if unknown), log a warning with the count and keep
+            training; :attr:`replaced_priorities` counts them over the run.
 
     Examples:
         >>> import torch
@@ -167,13 +180,14 @@ class ReplayBufferDataModule(LightningDataModule):
         val_source: BufferSource | None = None,
         test_source: BufferSource | None = None,
         checkpoint_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        invalid_priority: InvalidPriority = "raise",
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.keys = check_keys(keys)
-        if num_batches != AUTO:
-            check_positive_int(num_batches, "num_batches", allow_none=True)
+        if not (isinstance(num_batches, str) and num_batches == AUTO):
+            num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
         self.num_batches = num_batches
         self.num_workers = check_non_negative_int(num_workers, "num_workers")
         self.pin_memory = bool(pin_memory)
@@ -211,6 +225,9 @@ class ReplayBufferDataModule(LightningDataModule):
         self.checkpoint_inline_max_bytes = check_non_negative_int(
             checkpoint_inline_max_bytes, "checkpoint_inline_max_bytes"
         )
+        self.invalid_priority = check_invalid_priority_mode(invalid_priority)
+        #: NaN, infinite or negative priorities replaced so far (``invalid_priority="replace"``).
+        self.replaced_priorities = 0
         # Sampling must draw from a generator a checkpoint can restore, not the global RNG.
         # A remote buffer's generator lives in its actor, with its owner.
         if not is_remote(self.replay_buffer):
@@ -399,13 +416,26 @@ class ReplayBufferDataModule(LightningDataModule):
 
         Call it from ``training_step``:
         ``self.trainer.datamodule.update_priority(batch, td_error.abs())``.
+        NaN, infinite and negative priorities raise
+        :class:`~rb_lightning.priorities.InvalidPriorityError`, or are replaced
+        with the current max priority when ``invalid_priority="replace"``.
         """
         if "index" not in batch.keys():
             raise KeyError(
                 "The batch has no 'index' key. Priority updates need a buffer whose sampler "
                 "returns weights (PrioritizedSampler) and keys=None or keys including 'index'."
             )
-        self.replay_buffer.update_priority(batch["index"].cpu(), priority.detach().cpu())
+        rb = self.replay_buffer
+        priority = torch.as_tensor(priority).detach().cpu()
+        checked = check_priority(
+            priority,
+            invalid=self.invalid_priority,
+            replacement=lambda: current_max_priority(rb),
+            where="ReplayBufferDataModule.update_priority",
+        )
+        if checked is not priority:
+            self.replaced_priorities += int((checked != priority).sum())
+        rb.update_priority(batch["index"].cpu(), checked)
 
     # -- state ------------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ Two views of the same sampling stream:
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -125,7 +126,11 @@ class _ReplayBufferStream(IterableDataset):
         self._device = check_device(device)
         self._num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
         self._min_size = check_positive_int(min_size, "min_size", allow_none=True)
-        if not isinstance(wait_timeout, (int, float)) or wait_timeout <= 0:
+        if (
+            isinstance(wait_timeout, bool)
+            or not isinstance(wait_timeout, numbers.Real)
+            or wait_timeout <= 0
+        ):
             raise ValueError(
                 f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}."
             )
@@ -192,11 +197,20 @@ class _ReplayBufferStream(IterableDataset):
             seed = shard.seed(draw_base_seed())
             self._replay_buffer.set_rng(torch.Generator().manual_seed(seed))
 
-    def _wait_until_ready(self) -> None:
+    def _wait_until_ready(self, *, emptied: bool = False) -> None:
+        """Block until the buffer can be sampled, or raise our message (``emptied``: mid-run)."""
         rb = self._replay_buffer
         needed = self._min_size
         if needed is None:
             if len(rb) == 0:
+                if emptied:
+                    raise RuntimeError(
+                        f"The replay buffer became empty after {self.batches_served} batches "
+                        "(rb.empty(), or a collector that resets it), so there is nothing to "
+                        "sample. Refill it before the next batch is drawn, or pass min_size=N "
+                        "(ReplayBufferDataModule(min_size=N)) to wait up to wait_timeout seconds "
+                        "until it holds N items again."
+                    )
                 raise RuntimeError(
                     "The replay buffer is empty, so there is nothing to sample. Fill it first "
                     "(rb.extend(...)), or pass min_size=N to wait until a collector has written "
@@ -222,6 +236,18 @@ class _ReplayBufferStream(IterableDataset):
             )
 
     def _sample(self) -> Any:
+        """Draw one batch; if the buffer was emptied meanwhile, wait (``min_size``) or explain."""
+        try:
+            return self._draw()
+        except Exception:
+            # Checked only on failure, so the per-batch path pays nothing: torchrl raises
+            # "Cannot sample from an empty storage" (or a sampler-specific error) then.
+            if len(self._replay_buffer) > 0:
+                raise
+        self._wait_until_ready(emptied=True)
+        return self._draw()
+
+    def _draw(self) -> Any:
         """Draw one batch, with sampler info (index, weight) attached when available."""
         rb = self._replay_buffer
         if self._attach_info is False:

@@ -38,6 +38,13 @@ from typing import Any
 
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
 
+from rb_lightning.priorities import (
+    InvalidPriority,
+    check_invalid_priority_mode,
+    check_priority,
+    current_max_priority,
+)
+
 #: Ray namespace used when none is given, so owners and clients agree by default.
 DEFAULT_NAMESPACE = "rb_lightning"
 
@@ -86,6 +93,10 @@ class RayReplayBufferView(RayReplayBuffer):
         timeout: Seconds to wait for the owner to create the actor (it may start
             later than this process).
         ray_init_config: Other ``ray.init`` keyword arguments, used with ``address``.
+        invalid_priority: What :meth:`update_priority` does with NaN, infinite or
+            negative priorities, which would poison the shared sampler for every
+            rank: ``"raise"`` (default) or ``"replace"`` (with ``1.0``: the
+            actor's max priority is not read back), logging how many.
     """
 
     def __init__(
@@ -96,16 +107,31 @@ class RayReplayBufferView(RayReplayBuffer):
         address: str | None = None,
         timeout: float = 60.0,
         ray_init_config: dict[str, Any] | None = None,
+        invalid_priority: InvalidPriority = "raise",
     ) -> None:
         # Not RayReplayBuffer.__init__, which would start a new actor: bind the named one,
         # through the same client torchrl's RayReplayBuffer.client() hands out.
         actor = _find_actor(name, namespace, address, timeout, ray_init_config or {})
         self.name, self.namespace = name, namespace
+        self.invalid_priority = check_invalid_priority_mode(invalid_priority)
         self._rb = actor
         self.has_gpu = False
         self._delayed_init = False
         self._transport_kind = "ray"
         self._client = _RayReplayBufferClient(actor, has_gpu=False)
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Send new priorities to the shared sampler, refusing NaN, inf and negative ones.
+
+        See :func:`rb_lightning.priorities.check_priority`.
+        """
+        priority = check_priority(
+            priority,
+            invalid=self.invalid_priority,
+            replacement=lambda: current_max_priority(self),
+            where="RayReplayBufferView.update_priority",
+        )
+        super().update_priority(index, priority)
 
     def close(self) -> None:
         """Drop the reference to the actor; the owner keeps it alive."""
