@@ -2,8 +2,18 @@
 
 A resumed online RL / RLHF run needs its buffer back exactly: content, writer
 cursor and ``write_count``, sampler state (priorities, the without-replacement
-permutation) and the sampling generator. All of it is written by torchrl's own
-``ReplayBuffer.dumps`` (memory-mapped files) and read back by ``loads``.
+permutation) and the sampling generator.
+
+Checkpoints are sized by content, not capacity: a tensor storage that has not
+wrapped yet (``len < max_size``) writes only its filled rows (memory-mapped),
+next to its sampler's and writer's own ``dumps`` and the generator state, and
+is restored into a buffer of the saved capacity. A wrapped (full) buffer is
+written whole by torchrl's ``ReplayBuffer.dumps`` and read back by ``loads``.
+
+Before a dump is written, the free space of the target filesystem is checked
+against the bytes it needs (:class:`NotEnoughDiskSpaceError` instead of a
+``SIGBUS`` in the middle of a memory-mapped write); ``.tmp`` versions left by
+an earlier save that died are removed at the next save.
 
 Where it goes is a size policy (:data:`DEFAULT_INLINE_MAX_BYTES`):
 
@@ -56,7 +66,13 @@ import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import ReplayBuffer
-from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
+from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
+from torchrl.data.replay_buffers.storages import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ListStorage,
+    TensorStorage,
+)
 
 from rb_lightning._sharding import is_remote
 
@@ -71,6 +87,15 @@ BUFFER_DIR_SUFFIX = ".buffer"
 _LIST_STATE = "list_storage_state.pt"
 _EMPTY_STATE = "empty_buffer_state.pt"
 _PENDING = "pending_batches"
+#: Kind of dump that holds only the filled rows of a tensor storage that has not wrapped.
+_FILLED_ROWS = "filled_rows"
+_TENSOR_ROWS = "_rows"  # key of a plain-tensor storage's rows in the saved TensorDict
+#: Storage types whose filled rows are the whole content (others: written whole by torchrl).
+_ROW_STORAGES = (TensorStorage, LazyTensorStorage, LazyMemmapStorage)
+#: Free space asked for on top of a dump's estimated size: manifests, JSON files and
+#: filesystem blocks are not counted in the estimate.
+_DISK_MARGIN_FRACTION = 0.05
+_DISK_MARGIN_BYTES = 256 * 1024
 # Files up to this size get a content checksum; larger ones (the memmapped data) are
 # checked by size only, so verification does not re-read gigabytes on every load.
 _CHECKSUM_MAX_BYTES = 1024**2
@@ -78,6 +103,10 @@ _CHECKSUM_MAX_BYTES = 1024**2
 
 class BufferCheckpointError(RuntimeError):
     """A checkpointed replay buffer is missing, incomplete or does not match its manifest."""
+
+
+class NotEnoughDiskSpaceError(BufferCheckpointError):
+    """The filesystem a buffer dump goes to has less free space than the dump needs."""
 
 
 # -- sizes and RNG -----------------------------------------------------------------------------
@@ -100,6 +129,89 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
         elif isinstance(item, torch.Tensor):
             total += item.numel() * item.element_size()
     return total
+
+
+def writes_filled_rows_only(replay_buffer: ReplayBuffer) -> bool:
+    """Whether a dump of ``replay_buffer`` holds only its filled rows (see the module doc).
+
+    True for a ``TensorStorage`` / ``LazyTensorStorage`` / ``LazyMemmapStorage``
+    with one storage dimension that holds data and has not wrapped
+    (``0 < len < max_size``), keeps torchrl's default storage checkpointer, and
+    whose buffer has no prefetch queue and no stateful transform (those are
+    written by torchrl's ``dumps`` only). Everything else is written whole.
+    """
+    storage = replay_buffer.storage
+    if type(storage) not in _ROW_STORAGES or not storage.initialized:
+        return False
+    checkpointer = storage.checkpointer
+    return (
+        getattr(storage, "ndim", 1) == 1
+        and 0 < len(storage) < storage.max_size
+        and isinstance(storage._storage, (TensorDictBase, torch.Tensor))
+        and type(checkpointer) is TensorStorageCheckpointer
+        and not checkpointer._save_hooks
+        and not checkpointer._load_hooks
+        and not getattr(replay_buffer, "_prefetch", False)
+        and not replay_buffer.transform.state_dict()
+    )
+
+
+def dump_nbytes(replay_buffer: ReplayBuffer, pending_batches: Sequence[Any] = ()) -> int:
+    """Estimated bytes :func:`dump_buffer` writes for ``replay_buffer`` (without margin).
+
+    The storage (its filled rows when :func:`writes_filled_rows_only`, else its
+    capacity), a prioritized sampler's two trees (``2 x 8`` bytes per slot) and
+    the pending batches.
+    """
+    nbytes = buffer_nbytes(replay_buffer)
+    if writes_filled_rows_only(replay_buffer):
+        storage = replay_buffer.storage
+        nbytes = -(-nbytes * len(storage) // storage.max_size)
+    sampler = getattr(replay_buffer, "sampler", None)
+    nbytes += 16 * int(getattr(sampler, "_max_capacity", 0) or 0)
+    for batch in pending_batches:
+        if isinstance(batch, TensorDictBase):
+            nbytes += int(batch.bytes())
+    return nbytes
+
+
+def free_disk_bytes(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_disk_space(path: str | os.PathLike, nbytes: int, *, inline: bool) -> None:
+    """Raise :class:`NotEnoughDiskSpaceError` unless ``path``'s filesystem fits ``nbytes`` + margin.
+
+    A memory-mapped dump that runs out of space does not fail with an error: the
+    process dies with ``SIGBUS``. Checking first turns that into a message.
+    """
+    needed = int(nbytes * (1 + _DISK_MARGIN_FRACTION)) + _DISK_MARGIN_BYTES
+    free = free_disk_bytes(path)
+    if needed <= free:
+        return
+    if inline:
+        fix = (
+            "A buffer of at most checkpoint_inline_max_bytes is dumped to this temporary "
+            "directory before it is packed into the .ckpt. Point TMPDIR at a filesystem with "
+            "more space, or lower ReplayBufferDataModule(checkpoint_inline_max_bytes=...) "
+            "(0: always beside the .ckpt) so the buffer is written beside the checkpoint."
+        )
+    else:
+        fix = (
+            "Free space there, or save checkpoints to a larger filesystem "
+            "(ModelCheckpoint(dirpath=...) or Trainer(default_root_dir=...)); keeping fewer "
+            "checkpoints (save_top_k) also frees space. Buffers up to "
+            "ReplayBufferDataModule(checkpoint_inline_max_bytes=...) go inside the .ckpt instead."
+        )
+    raise NotEnoughDiskSpaceError(
+        f"Not enough free disk space to checkpoint the replay buffer: the dump needs about "
+        f"{needed / 1e6:.1f} MB in {path}, and that filesystem has {free / 1e6:.1f} MB free. "
+        f"Nothing was written, so the previous checkpoint is intact. {fix}"
+    )
 
 
 def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
@@ -204,8 +316,10 @@ def dump_buffer(
 ) -> dict[str, Any]:
     """Write ``replay_buffer`` to the new directory ``path`` and return its manifest.
 
-    Tensor storages use torchrl's ``ReplayBuffer.dumps`` (memmapped files);
-    ``ListStorage``, which torchrl cannot dump, is saved with ``torch.save``.
+    A tensor storage that has not wrapped writes only its filled rows
+    (:func:`writes_filled_rows_only`); a full one uses torchrl's
+    ``ReplayBuffer.dumps`` (memmapped files); ``ListStorage``, which torchrl
+    cannot dump, is saved with ``torch.save``.
 
     Args:
         replay_buffer: The buffer to save.
@@ -219,6 +333,7 @@ def dump_buffer(
     root = Path(path)
     root.mkdir(parents=True)
     storage = replay_buffer.storage
+    extra = dict(extra or {})
     if isinstance(storage, ListStorage):
         kind = "list_state_dict"
         torch.save(replay_buffer.state_dict(), root / _LIST_STATE)
@@ -234,6 +349,9 @@ def dump_buffer(
             },
             root / _EMPTY_STATE,
         )
+    elif writes_filled_rows_only(replay_buffer):
+        kind = _FILLED_ROWS
+        extra.update(_dump_filled_rows(replay_buffer, root))
     else:
         kind = "torchrl_dumps"
         replay_buffer.dumps(root)
@@ -251,7 +369,7 @@ def dump_buffer(
             "len": len(replay_buffer),
             "write_count": _write_count(replay_buffer),
             "pending_batches": len(pending_batches),
-            **(extra or {}),
+            **extra,
         },
     )
 
@@ -271,6 +389,8 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
             isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer
         )
         replay_buffer.load_state_dict(torch.load(root / _LIST_STATE, weights_only=False))
+    elif kind == _FILLED_ROWS:
+        _load_filled_rows(replay_buffer, root, manifest)
     elif kind == "empty":
         state = torch.load(root / _EMPTY_STATE, weights_only=False)
         replay_buffer.empty()
@@ -279,7 +399,7 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
             generator = torch.Generator(device=state["rng_device"])
             generator.set_state(state["rng_state"])
             replay_buffer.set_rng(generator)
-    else:
+    elif kind == "torchrl_dumps":
         _require(
             isinstance(replay_buffer.storage, TensorStorage),
             root,
@@ -295,6 +415,11 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
                 "same storage type and max_size, same sampler and writer types."
             ) from error
         _restore_non_tensor_leaves(replay_buffer, root / "storage")
+    else:
+        raise BufferCheckpointError(
+            f"The replay-buffer dump {root} is of kind {kind!r}, which this rb_lightning cannot "
+            "read; was it written by a newer rb_lightning?"
+        )
     if (
         len(replay_buffer) != manifest["len"]
         or _write_count(replay_buffer) != manifest["write_count"]
@@ -309,6 +434,69 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
         TensorDict.load_memmap(root / _PENDING / str(number)).clone()
         for number in range(manifest.get("pending_batches", 0))
     ]
+
+
+def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+    """Write rows ``[0, len)`` and the sampler/writer/generator state the way ``dumps`` does.
+
+    Tensors and JSON only (no pickles): the rows as a memory-mapped TensorDict,
+    the sampler and writer through their own ``dumps``, the generator state as
+    a memory-mapped tensor. Returns what the manifest must record to load it.
+    """
+    storage = replay_buffer.storage
+    rows = storage.get(slice(0, len(storage)))
+    tensor_rows = isinstance(rows, torch.Tensor)
+    if tensor_rows:
+        rows = TensorDict({_TENSOR_ROWS: rows}, batch_size=rows.shape[:1])
+    rows.memmap(root / "storage", copy_existing=True)  # memmap storages: copy, do not move
+    replay_buffer.sampler.dumps(root / "sampler")
+    replay_buffer.writer.dumps(root / "writer")
+    generator = getattr(replay_buffer, "_rng", None)
+    if generator is not None:
+        TensorDict(rng_state=generator.get_state(), device=generator.device).memmap(
+            root / "rng_state"
+        )
+    return {
+        "capacity": storage.max_size,
+        "tensor_rows": tensor_rows,
+        "batch_size": getattr(replay_buffer, "_batch_size", None),
+        "consume_after_n_samples": getattr(replay_buffer, "_consume_after_n_samples", None),
+    }
+
+
+def _load_filled_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+    storage = replay_buffer.storage
+    _require(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
+    if storage.max_size != manifest["capacity"]:
+        raise BufferCheckpointError(
+            f"The buffer saved in {root} has capacity max_size={manifest['capacity']}, the "
+            f"DataModule's buffer has max_size={storage.max_size}. Build the buffer with the "
+            "same storage size as the saved run."
+        )
+    saved = TensorDict.load_memmap(root / "storage")
+    rows = saved[_TENSOR_ROWS] if manifest["tensor_rows"] else saved
+    try:
+        # empty() resets storage length, writer and sampler; set() initialises a lazy
+        # storage at the full capacity and counts the rows; then the saved states.
+        replay_buffer.empty()
+        storage.set(slice(0, manifest["len"]), rows)
+        replay_buffer.sampler.loads(root / "sampler")
+        replay_buffer.writer.loads(root / "writer")
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
+            f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
+            "storage type and max_size, same sampler and writer types."
+        ) from error
+    if (root / "rng_state").exists():
+        state = TensorDict.load_memmap(root / "rng_state")
+        generator = torch.Generator(device=state.device)
+        generator.set_state(state["rng_state"].clone())
+        replay_buffer.set_rng(generator)
+    if manifest.get("batch_size") is not None and hasattr(replay_buffer, "_batch_size"):
+        replay_buffer._batch_size = manifest["batch_size"]
+    if hasattr(replay_buffer, "_consume_after_n_samples"):
+        replay_buffer._consume_after_n_samples = manifest.get("consume_after_n_samples")
 
 
 def _write_count(replay_buffer: ReplayBuffer) -> int | None:
@@ -371,13 +559,26 @@ class BufferDumpRequest:
         self.extra = extra or {}
 
     def write(self, directory: Path) -> dict[str, Any]:
-        """Dump atomically into ``directory/<version>``; return the reference to store."""
+        """Dump atomically into ``directory/<version>``; return the reference to store.
+
+        Removes ``.tmp`` versions that earlier saves left when they died, then
+        checks that the filesystem has room for the dump
+        (:class:`NotEnoughDiskSpaceError` otherwise) before writing anything.
+        """
         directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_versions(directory)
+        check_disk_space(
+            directory, dump_nbytes(self.replay_buffer, self.pending_batches), inline=False
+        )
         version = uuid.uuid4().hex
         staging = directory / f"{version}.tmp"
-        manifest = dump_buffer(
-            self.replay_buffer, staging, pending_batches=self.pending_batches, extra=self.extra
-        )
+        try:
+            manifest = dump_buffer(
+                self.replay_buffer, staging, pending_batches=self.pending_batches, extra=self.extra
+            )
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # a failed dump must not hold the space
+            raise
         os.replace(staging, directory / version)
         return {
             "location": "beside",
@@ -395,6 +596,22 @@ class BufferDumpRequest:
             "the plugin), pass Trainer(plugins=[BufferCheckpointIO()]), or raise "
             "ReplayBufferDataModule(checkpoint_inline_max_bytes=...)."
         )
+
+
+def remove_stale_versions(directory: str | os.PathLike) -> list[Path]:
+    """Remove ``<version>.tmp`` directories under ``directory``; return what was removed.
+
+    A version is staged under ``.tmp`` and renamed once complete, so a ``.tmp``
+    that exists when a new save starts belongs to a save that died (killed, out
+    of disk) and only takes the space the new one needs. Saves of one run do
+    not overlap, so this never races a live write of the same run.
+    """
+    removed = []
+    for entry in Path(directory).glob("*.tmp"):
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def buffer_dir_for(checkpoint_path: str | os.PathLike) -> Path:
@@ -435,6 +652,10 @@ class BufferCheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         directory = buffer_dir_for(path)
+        # Leftovers of saves that died, beside any checkpoint of this directory
+        # (each .ckpt has its own <ckpt>.buffer/, and the next save has a new name).
+        for buffer_dir in directory.parent.glob(f"*{BUFFER_DIR_SUFFIX}"):
+            remove_stale_versions(buffer_dir)
         written = []
         for holder, key, request in _find_requests(checkpoint):
             reference = request.write(directory)
@@ -514,6 +735,9 @@ def buffer_state(
     small = buffer_nbytes(replay_buffer) <= inline_max_bytes
     if not small and not isinstance(replay_buffer.storage, ListStorage):
         return BufferDumpRequest(replay_buffer, pending_batches)
+    check_disk_space(
+        tempfile.gettempdir(), dump_nbytes(replay_buffer, pending_batches), inline=True
+    )
     with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
         manifest = dump_buffer(replay_buffer, Path(tmp) / "buffer", pending_batches=pending_batches)
         archive = pack_directory(Path(tmp) / "buffer")
