@@ -16,6 +16,10 @@ For each, in one process, so the ratios are fair:
   ``load_checkpoint`` + ``restore_buffer_state`` (manifest check, ``loads``,
   item-count check) into a fresh buffer.
 
+A second table fills the ``rl`` buffer (capacity ``--rl-items``) to 1%, 30% and
+100% and adds the bytes each checkpoint writes: ours writes only the filled
+rows of a buffer that has not wrapped, bare torchrl ``dumps`` the capacity.
+
 Each number is the median of ``--repeats`` runs, bare and ours alternating; the
 ratio is ours / bare.
 Run from the repository root::
@@ -78,8 +82,14 @@ def paired_medians(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def measure(name: str, data: TensorDict, repeats: int, root: Path) -> dict[str, float]:
-    capacity = data.shape[0]
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def measure(
+    name: str, data: TensorDict, repeats: int, root: Path, capacity: int | None = None
+) -> dict[str, float]:
+    capacity = data.shape[0] if capacity is None else capacity
 
     def fresh() -> ReplayBuffer:
         return ReplayBuffer(storage=LazyTensorStorage(capacity))
@@ -119,6 +129,8 @@ def measure(name: str, data: TensorDict, repeats: int, root: Path) -> dict[str, 
     )
     rb.dumps(bare_dir)
     ours_save()
+    result["bare MB"] = dir_bytes(bare_dir) / 1e6
+    result["ours MB"] = (dir_bytes(Path(f"{ckpt}.buffer")) + ckpt.stat().st_size) / 1e6
     result.update(
         zip(
             ("bare load", "ours load"),
@@ -141,10 +153,24 @@ def main() -> None:
     parser.add_argument("--token-items", type=int, default=100_000)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--fills", default="0.01,0.3,1.0", help="fill fractions of the rl buffer, table 2"
+    )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
 
+    fills = [float(f) for f in args.fills.split(",")]
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="rb_ckpt_bench-") as tmp:
+        by_fill = {
+            fill: measure(
+                "rl",
+                rl_items(max(1, int(args.rl_items * fill))),
+                args.repeats,
+                Path(tmp),
+                capacity=args.rl_items,
+            )
+            for fill in fills
+        }
         rows = {
             f"rl {args.rl_items:,} transitions": measure(
                 "rl", rl_items(args.rl_items), args.repeats, Path(tmp)
@@ -163,6 +189,22 @@ def main() -> None:
             f"| {name} | {r['MB']:.0f} | {r['bare save']:.2f} | {r['ours save']:.2f} | "
             f"{r['ours save'] / r['bare save']:.2f} | {r['bare load']:.2f} | "
             f"{r['ours load']:.2f} | {r['ours load'] / r['bare load']:.2f} |"
+        )
+    print()
+    print(
+        f"rl buffer of capacity {args.rl_items:,}, filled to a fraction; MB written per checkpoint"
+    )
+    print(
+        "| full | bare MB | ours MB | size ratio | bare save s | ours save s | save ratio "
+        "| bare load s | ours load s | load ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for fill, r in by_fill.items():
+        print(
+            f"| {fill:.0%} | {r['bare MB']:.1f} | {r['ours MB']:.1f} | "
+            f"{r['ours MB'] / r['bare MB']:.2f} | {r['bare save']:.3f} | {r['ours save']:.3f} | "
+            f"{r['ours save'] / r['bare save']:.2f} | {r['bare load']:.3f} | "
+            f"{r['ours load']:.3f} | {r['ours load'] / r['bare load']:.2f} |"
         )
 
 
