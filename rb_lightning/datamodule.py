@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from tensordict import MemoryMappedTensor, TensorDictBase
 from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader
@@ -36,6 +37,7 @@ from rb_lightning.dataset import (
     ReplayBufferPassDataset,
     batch_loader,
 )
+from rb_lightning.errors import UsageError
 from rb_lightning.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -134,6 +136,12 @@ class ReplayBufferDataModule(LightningDataModule):
             ``"replace"``: replace them with the sampler's current max priority
             (``1.0`` if unknown), log a warning with the count and keep
             training; :attr:`replaced_priorities` counts them over the run.
+        eval_from_model: ``validate``/``test`` (and validation during fit)
+            without a ``val_buffer``/``test_buffer`` read the LightningModule's
+            own ``val_dataloader()``/``test_dataloader()``, e.g. the greedy
+            evaluation episodes of :class:`rb_lightning.rl.DQN` and ``SAC``.
+            Lightning otherwise ignores the model's loaders once a DataModule
+            is attached.
 
     Examples:
         >>> import torch
@@ -180,6 +188,7 @@ class ReplayBufferDataModule(LightningDataModule):
         val_source: BufferSource | None = None,
         test_source: BufferSource | None = None,
         checkpoint_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        eval_from_model: bool = False,
         invalid_priority: InvalidPriority = "raise",
     ) -> None:
         super().__init__()
@@ -215,10 +224,11 @@ class ReplayBufferDataModule(LightningDataModule):
         self._check_workers_fit_buffer()
         self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
-        # val/test hooks when there is a buffer behind them.
-        if self.val_buffer is not None:
+        # val/test hooks when there is data behind them.
+        self.eval_from_model = bool(eval_from_model)
+        if self.val_buffer is not None or self.eval_from_model:
             self.val_dataloader = self._val_dataloader
-        if self.test_buffer is not None:
+        if self.test_buffer is not None or self.eval_from_model:
             self.test_dataloader = self._test_dataloader
         self._train_dataset: ReplayBufferBatchDataset | None = None
         self._batches_served_before = 0
@@ -315,7 +325,8 @@ class ReplayBufferDataModule(LightningDataModule):
         bounded_by_limit = isinstance(limit, int) and not isinstance(limit, bool)
         bounded_by_steps = trainer.max_steps is not None and trainer.max_steps >= 0
         if not (bounded_by_limit or bounded_by_steps):
-            raise ValueError(
+            raise UsageError(
+                "num_batches",
                 "ReplayBufferDataModule(num_batches=None) is an unbounded stream, and this "
                 f"Trainer has no bound for it (limit_train_batches={limit!r}, "
                 f"max_steps={trainer.max_steps}): the first epoch would never end. Set "
@@ -387,17 +398,35 @@ class ReplayBufferDataModule(LightningDataModule):
             self._train_dataset.track_in_flight = True
         return self._loader(self._train_dataset)
 
-    def _val_dataloader(self) -> DataLoader:
-        """One in-order pass over ``val_buffer``."""
+    def _val_dataloader(self) -> Any:
+        """One in-order pass over ``val_buffer``, else the model's own ``val_dataloader()``."""
+        if self.val_buffer is None:
+            return self._model_dataloader("val_dataloader", "val_buffer")
         return self._loader(
             ReplayBufferPassDataset(self.val_buffer, self.batch_size, keys=self.keys)
         )
 
-    def _test_dataloader(self) -> DataLoader:
-        """One in-order pass over ``test_buffer``."""
+    def _test_dataloader(self) -> Any:
+        """One in-order pass over ``test_buffer``, else the model's own ``test_dataloader()``."""
+        if self.test_buffer is None:
+            return self._model_dataloader("test_dataloader", "test_buffer")
         return self._loader(
             ReplayBufferPassDataset(self.test_buffer, self.batch_size, keys=self.keys)
         )
+
+    def _model_dataloader(self, hook: str, buffer_argument: str) -> Any:
+        # eval_from_model: Lightning reads every loader from the DataModule once one is
+        # attached, so the DataModule hands over the model's own (e.g. RL evaluation episodes).
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is None or not is_overridden(hook, module):
+            raise UsageError(
+                "eval_from_model",
+                f"ReplayBufferDataModule(eval_from_model=True) hands {hook}() over to the "
+                f"LightningModule, but {type(module).__name__} does not define {hook}(). "
+                f"Give the DataModule a {buffer_argument} (and a source to fill it) instead, or "
+                "use a module that evaluates itself (rb_lightning.rl.DQN / SAC).",
+            )
+        return getattr(module, hook)()
 
     # -- batch transfer ---------------------------------------------------------------------
     def transfer_batch_to_device(
