@@ -13,9 +13,10 @@ from torchrl.data import Categorical
 from torchrl.modules import MLP, EGreedyModule, QValueModule
 
 from rb_lightning._validation import check_positive_int
+from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 
 
-class DQN(LightningModule):
+class DQN(EvaluatesEpisodes, LightningModule):
     """Deep Q-Network with a target network, epsilon-greedy acting and optional Double DQN.
 
     Batches are torchrl transitions: ``observation``, ``action`` (integer),
@@ -46,6 +47,9 @@ class DQN(LightningModule):
         eps_end: Exploration rate after ``eps_decay_steps`` training steps.
         eps_decay_steps: Training steps of linear epsilon decay.
         observation_key: Observation key in the batch and the environment.
+        evaluation: How ``validate``/``test`` score the policy (greedy seeded
+            episodes, :class:`~rb_lightning.rl.Evaluation`); default: 10 episodes
+            in the ``OnlineCollector``'s environment.
 
     Examples:
         >>> import torch
@@ -71,6 +75,7 @@ class DQN(LightningModule):
         eps_end: float = 0.05,
         eps_decay_steps: int = 10_000,
         observation_key: str = "observation",
+        evaluation: Evaluation | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(observation_size, "observation_size")
@@ -84,7 +89,10 @@ class DQN(LightningModule):
                 f"Need 0 <= eps_end <= eps_start <= 1, got eps_start={eps_start}, "
                 f"eps_end={eps_end}."
             )
-        self.save_hyperparameters()
+        # The evaluation settings are an object, not a hyperparameter: checkpoints stay
+        # plain data (loadable with weights_only=True).
+        self.save_hyperparameters(ignore=["evaluation"])
+        self.evaluation = evaluation if evaluation is not None else Evaluation()
         hidden = [128, 128] if hidden_sizes is None else list(hidden_sizes)
         self.q_net = MLP(in_features=observation_size, out_features=num_actions, num_cells=hidden)
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
@@ -149,4 +157,6 @@ class DQN(LightningModule):
                     target.lerp_(online, tau)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr)
+        # One fused kernel per step instead of a loop over parameters: the optimizer is a
+        # visible share of a small network's step.
+        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr, fused=True)

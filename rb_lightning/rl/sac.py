@@ -14,9 +14,10 @@ from torch import nn
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 
 from rb_lightning._validation import check_positive_int
+from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 
 
-class SAC(LightningModule):
+class SAC(EvaluatesEpisodes, LightningModule):
     """Soft actor-critic with twin Q-networks, target critics and a learned temperature.
 
     One optimizer with three parameter groups (critics, actor, temperature) keeps
@@ -46,6 +47,9 @@ class SAC(LightningModule):
         init_alpha: Initial temperature.
         target_entropy: Entropy the temperature steers towards; ``None``: ``-action_size``.
         observation_key: Observation key in the batch and the environment.
+        evaluation: How ``validate``/``test`` score the policy (greedy seeded
+            episodes, :class:`~rb_lightning.rl.Evaluation`); default: 10 episodes
+            in the ``OnlineCollector``'s environment.
 
     Examples:
         >>> import torch
@@ -73,6 +77,7 @@ class SAC(LightningModule):
         init_alpha: float = 1.0,
         target_entropy: float | None = None,
         observation_key: str = "observation",
+        evaluation: Evaluation | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(observation_size, "observation_size")
@@ -83,7 +88,10 @@ class SAC(LightningModule):
             raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
         if init_alpha <= 0:
             raise ValueError(f"init_alpha must be positive, got {init_alpha!r}.")
-        self.save_hyperparameters()
+        # The evaluation settings are an object, not a hyperparameter: checkpoints stay
+        # plain data (loadable with weights_only=True).
+        self.save_hyperparameters(ignore=["evaluation"])
+        self.evaluation = evaluation if evaluation is not None else Evaluation()
         hidden = [256, 256] if hidden_sizes is None else list(hidden_sizes)
         self.actor_net = nn.Sequential(
             MLP(in_features=observation_size, out_features=2 * action_size, num_cells=hidden),

@@ -1,0 +1,180 @@
+"""Greedy evaluation episodes: what ``validate`` and ``test`` mean for an RL module.
+
+An RL module has no held-out dataset; its score is the return of its policy.
+:class:`Evaluation` runs ``num_episodes`` seeded episodes with exploration
+switched off, one per batch of Lightning's validation/test loop, and logs the
+mean and standard deviation of their returns. :class:`EvaluatesEpisodes` is the
+mixin that wires it into a LightningModule's hooks; the module's
+``collection_policy()`` acts, under torchrl's deterministic exploration type
+(greedy for epsilon-greedy, the mode for a stochastic actor).
+
+``ReplayBufferDataModule(eval_from_model=True)`` hands Lightning the module's
+own ``val_dataloader``/``test_dataloader``, so from the command line::
+
+    python train.py test --config configs/cartpole_dqn.yaml --ckpt_path last
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from torch.utils.data import DataLoader, Dataset
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from rb_lightning._validation import check_non_negative_int, check_positive_int
+
+__all__ = ["EvaluatesEpisodes", "Evaluation"]
+
+
+class _EpisodeSeeds(Dataset):
+    """Item ``i`` is the environment seed of evaluation episode ``i``."""
+
+    def __init__(self, num_episodes: int, seed: int) -> None:
+        self.num_episodes, self.seed = num_episodes, seed
+
+    def __len__(self) -> int:
+        return self.num_episodes
+
+    def __getitem__(self, index: int) -> int:
+        return self.seed + index
+
+
+class Evaluation:
+    """How an RL module is evaluated: seeded greedy episodes, mean ± std of the return.
+
+    Args:
+        num_episodes: Episodes per evaluation.
+        seed: Seed of the first episode's environment; episode ``i`` uses ``seed + i``,
+            so two evaluations of the same weights give the same returns.
+        env: A gymnasium id for the evaluation environment. ``None`` (default):
+            the environment of the Trainer's :class:`~rb_lightning.rl.OnlineCollector`.
+        env_kwargs: Keyword arguments for ``GymEnv`` when ``env`` is given.
+        max_steps: Cut an episode after this many steps (the environment's own
+            time limit usually ends it first).
+        during_fit: Also evaluate during ``fit`` when Lightning validates
+            (``check_val_every_n_epoch`` / ``val_check_interval``). Off by default:
+            the training return is the fit-time signal, and evaluation costs
+            environment steps.
+
+    Examples:
+        >>> Evaluation(num_episodes=5, seed=100).seeds()
+        [100, 101, 102, 103, 104]
+    """
+
+    def __init__(
+        self,
+        num_episodes: int = 10,
+        seed: int = 1_000_000,
+        *,
+        env: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        max_steps: int = 100_000,
+        during_fit: bool = False,
+    ) -> None:
+        self.num_episodes = check_positive_int(num_episodes, "num_episodes")
+        self.seed = check_non_negative_int(seed, "seed")
+        if env_kwargs and env is None:
+            raise ValueError("Evaluation(env_kwargs=...) needs env=<gymnasium id> too.")
+        self.env, self.env_kwargs = env, dict(env_kwargs or {})
+        self.max_steps = check_positive_int(max_steps, "max_steps")
+        self.during_fit = bool(during_fit)
+        self._env: EnvBase | None = None
+
+    def seeds(self) -> list[int]:
+        """Environment seeds of the episodes, in order."""
+        return [self.seed + i for i in range(self.num_episodes)]
+
+    def dataloader(self, module: LightningModule) -> DataLoader | list:
+        """One batch per episode (its seed); empty during ``fit`` unless ``during_fit``."""
+        trainer = module.trainer
+        if trainer.state.fn == "fit" and not self.during_fit:
+            return []
+        return DataLoader(_EpisodeSeeds(self.num_episodes, self.seed), batch_size=None)
+
+    def run_episode(self, module: LightningModule, seed: int) -> float:
+        """Return of one episode of ``module.collection_policy()`` without exploration."""
+        env = self._environment(module)
+        env.set_seed(int(seed))
+        policy = module.collection_policy()
+        with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+            rollout = env.rollout(self.max_steps, policy, break_when_any_done=True)
+        return float(rollout.get(("next", "reward")).sum())
+
+    def _environment(self, module: LightningModule) -> EnvBase:
+        if self._env is None:
+            if self.env is not None:
+                from rb_lightning.rl.collector import make_gym_env
+
+                self._env = make_gym_env(self.env, **self.env_kwargs)
+            else:
+                self._env = _collector_env(module)
+        return self._env
+
+    def close(self) -> None:
+        """Close the evaluation environment."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def _collector_env(module: LightningModule) -> EnvBase:
+    from rb_lightning.rl.collector import OnlineCollector
+
+    collectors = [cb for cb in module.trainer.callbacks if isinstance(cb, OnlineCollector)]
+    if not collectors:
+        raise ValueError(
+            f"{type(module).__name__} evaluates its policy in an environment, but none is "
+            "known: the Trainer has no rb_lightning.rl.OnlineCollector callback to borrow it "
+            "from. Give the module evaluation=Evaluation(env='<gymnasium id>')."
+        )
+    return collectors[0].make_env(num_envs=1)
+
+
+class EvaluatesEpisodes:
+    """Mixin for an RL ``LightningModule``: ``validate``/``test`` run :class:`Evaluation`.
+
+    The module defines ``collection_policy()`` and sets ``self.evaluation``;
+    the mixin supplies ``val_dataloader``/``test_dataloader`` (episode seeds),
+    ``validation_step``/``test_step`` (one episode each) and logs
+    ``val_return``/``test_return`` (mean) and ``*_return_std`` at the end.
+    """
+
+    evaluation: Evaluation
+
+    def val_dataloader(self) -> Any:
+        return self.evaluation.dataloader(self)  # type: ignore[arg-type]
+
+    def test_dataloader(self) -> Any:
+        return self.evaluation.dataloader(self)  # type: ignore[arg-type]
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self._episode_returns.append(self.evaluation.run_episode(self, int(batch)))  # type: ignore[arg-type]
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self._episode_returns.append(self.evaluation.run_episode(self, int(batch)))  # type: ignore[arg-type]
+
+    def on_validation_epoch_start(self) -> None:
+        self._episode_returns: list[float] = []
+
+    def on_test_epoch_start(self) -> None:
+        self._episode_returns = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_returns("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_returns("test")
+
+    def _log_returns(self, stage: str) -> None:
+        returns = torch.tensor(self._episode_returns, dtype=torch.float64)
+        if not len(returns):
+            return
+        std = float(returns.std(unbiased=False)) if len(returns) > 1 else 0.0
+        log = self.log  # type: ignore[attr-defined]
+        log(f"{stage}_return", float(returns.mean()), batch_size=1)
+        log(f"{stage}_return_std", std if math.isfinite(std) else 0.0, batch_size=1)
+        log(f"{stage}_episodes", float(len(returns)), batch_size=1)
