@@ -14,6 +14,10 @@ from rb_lightning.dataset import (
     batch_loader,
     keep_batch,
 )
+from rb_lightning.errors import UsageError
+from rb_lightning.progress import StepProgressBar
+from rb_lightning.report import RunReport
+from rb_lightning.runs import RunLogger
 
 __all__ = [
     "SAMPLER_INFO_KEYS",
@@ -21,6 +25,10 @@ __all__ = [
     "ReplayBufferDataModule",
     "ReplayBufferDataset",
     "ReplayBufferPassDataset",
+    "RunLogger",
+    "RunReport",
+    "StepProgressBar",
+    "UsageError",
     "batch_loader",
     "keep_batch",
 ]

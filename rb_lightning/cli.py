@@ -20,15 +20,24 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from jsonargparse.typing import register_type
-from lightning.pytorch import Trainer
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
+from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.errors import UsageError
+from rb_lightning.progress import StepProgressBar
+from rb_lightning.report import RunReport
+from rb_lightning.runs import latest_checkpoint
 from rb_lightning.sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
@@ -79,9 +88,11 @@ class ReplayBufferCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Parse errors are raised (not printed with a usage wall and exited) so that
-        # main() can name the key in one paragraph.
-        parser_kwargs = {"exit_on_error": False}
-        parser_kwargs.update({name: {"exit_on_error": False} for name in _SUBCOMMANDS})
+        # main() can name the key in one paragraph. No prefix abbreviations: argparse
+        # would silently read --trainer.max_step as --trainer.max_steps.
+        strict = {"exit_on_error": False, "allow_abbrev": False}
+        parser_kwargs: dict[str, Any] = dict(strict)
+        parser_kwargs.update({name: dict(strict) for name in _SUBCOMMANDS})
         for key, value in (kwargs.pop("parser_kwargs", None) or {}).items():
             if key in _SUBCOMMANDS:
                 parser_kwargs[key] = {**parser_kwargs[key], **value}
@@ -105,6 +116,103 @@ class ReplayBufferCLI(LightningCLI):
                 raise
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             raise _instantiation_error(err, config) from err
+
+    def before_instantiate_classes(self) -> None:
+        """Resolve ``--ckpt_path`` and choose the run directory before anything is built.
+
+        ``last`` is the most recent ``last.ckpt`` of this config's runs; ``fit``
+        resumed from it logs into that run's directory. ``validate``/``test``
+        write no run directory of their own (they print their metrics).
+        """
+        if self.subcommand is None:
+            return
+        config = self.config[self.subcommand]
+        trainer = config.trainer
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            root = _run_root(trainer)
+            found = latest_checkpoint(root) if root is not None else None
+            if found is None:
+                where = f"{root}/version_*/checkpoints/" if root is not None else "a logger's directory"
+                raise ConfigError(
+                    "ckpt_path",
+                    f"'last' resumes the latest run of this config, but there is no last.ckpt "
+                    f"in {where} yet. Start the run first ({self._command('fit')}), or pass the "
+                    "path of a .ckpt file.",
+                )
+            config.ckpt_path = str(found)
+            if self.subcommand == "fit":
+                _set_logger_version(trainer, found.parent.parent.name)
+        elif ckpt_path not in (None, "best", "hpc") and not str(ckpt_path).startswith("registry"):
+            if not Path(ckpt_path).is_file():
+                raise ConfigError(
+                    "ckpt_path",
+                    f"{ckpt_path!r} is not a file. Pass a .ckpt written by fit (they are in "
+                    "runs/<config>/version_<N>/checkpoints/), or 'last' for the latest run.",
+                )
+        if self.subcommand != "fit" and _has_logger(trainer):
+            trainer.logger = False
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The configured Trainer, plus a step-counting progress bar and a :class:`RunReport`."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        configured = config["trainer"].get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        added: list[Any] = []
+        if config["trainer"].get("enable_progress_bar") is not False and not any(
+            isinstance(cb, ProgressBar) for cb in configured
+        ):
+            added.append(StepProgressBar())
+        reports = [cb for cb in configured if isinstance(cb, RunReport)]
+        if not reports:
+            reports = [RunReport()]
+            added += reports
+        for report in reports:
+            report.resume_hint = report.resume_hint or self._command("fit", "--ckpt_path last")
+        return super().instantiate_trainer(callbacks=[*configured, *added], **kwargs)
+
+    def _command(self, subcommand: str, *extra: str) -> str:
+        configs = self.config[self.subcommand].get("config") if self.subcommand else None
+        parts = ["python", "train.py", subcommand]
+        for path in configs or []:
+            parts += ["--config", os.path.relpath(str(path))]
+        return " ".join([*map(shlex.quote, parts), *extra])
+
+
+class FitConfigSaver(SaveConfigCallback):
+    """Save the run's ``config.yaml`` for ``fit`` only: ``validate``/``test`` start no run."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            super().setup(trainer, pl_module, stage)
+
+
+def _logger_entries(trainer: Namespace) -> list[Namespace]:
+    logger = trainer.get("logger")
+    entries = logger if isinstance(logger, list) else [logger]
+    return [entry for entry in entries if isinstance(entry, Namespace) and "class_path" in entry]
+
+
+def _has_logger(trainer: Namespace) -> bool:
+    return trainer.get("logger") not in (False, None) or bool(_logger_entries(trainer))
+
+
+def _run_root(trainer: Namespace) -> Path | None:
+    """Where a config's run directories (``version_<N>``) are made."""
+    for entry in _logger_entries(trainer):
+        args = entry.get("init_args") or Namespace()
+        if args.get("save_dir") is not None:
+            return Path(args.save_dir) / (args.get("name") or "lightning_logs")
+    if trainer.get("logger") is False:
+        return None
+    return Path(trainer.get("default_root_dir") or os.getcwd()) / "lightning_logs"
+
+
+def _set_logger_version(trainer: Namespace, version: str) -> None:
+    for entry in _logger_entries(trainer):
+        if entry.get("init_args") is None:
+            entry.init_args = Namespace()
+        entry.init_args.version = version
 
 
 def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
@@ -136,15 +244,19 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             subclass_mode_data=True,
             args=args,
             run=run,
+            # A fresh fit gets a new run directory; a resumed one rewrites its own config.
+            save_config_callback=FitConfigSaver,
             save_config_kwargs={"overwrite": True},
         )
-    except (ConfigError, SourceError) as err:
+    except (ConfigError, SourceError, UsageError, BufferCheckpointError) as err:
         if os.environ.get(_DEBUG_ENV):
             raise
-        message = str(err)
+        message = _one_paragraph(str(err))
         if isinstance(err, SourceError):
             key = getattr(err, "key", "source")
             message = f"config error at data.init_args.{key}: {message}"
+        elif isinstance(err, UsageError):
+            message = f"{message} (argument: {err.argument})"
         print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
 

@@ -1,0 +1,75 @@
+"""``StepProgressBar``: a training bar that counts optimizer steps against ``max_steps``.
+
+A replay-buffer stream has no natural epoch: runs are bounded by ``max_steps``
+and their "epochs" (``limit_train_batches``) only set how often callbacks look.
+Lightning's bar restarts every epoch and reads ``Epoch 235/-2`` when
+``max_epochs=-1``; this one shows ``step 23,500/60,000`` and the logged metrics,
+without the logger's version number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+__all__ = ["StepProgressBar"]
+
+
+class StepProgressBar(TQDMProgressBar):
+    """``TQDMProgressBar`` whose training bar spans the whole run in optimizer steps.
+
+    With a finite ``max_steps`` the bar's total is ``max_steps`` and it does not
+    restart at epoch boundaries; otherwise it behaves like Lightning's bar.
+
+    Examples:
+        >>> import lightning as L
+        >>> bar = StepProgressBar()
+        >>> trainer = L.Trainer(max_steps=3, callbacks=[bar], logger=False,
+        ...                     enable_checkpointing=False, enable_model_summary=False)
+        >>> bar.is_enabled
+        True
+    """
+
+    def _counts_steps(self, trainer: Trainer) -> bool:
+        return trainer.max_steps is not None and trainer.max_steps > 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self._counts_steps(trainer):
+            bar = self.train_progress_bar
+            bar.reset(total=trainer.max_steps)
+            bar.n = trainer.global_step  # a resumed run starts where it stopped
+            bar.set_description("step")
+            bar.refresh()
+
+    def on_train_epoch_start(self, trainer: Trainer, *args: Any) -> None:
+        if not self._counts_steps(trainer):
+            super().on_train_epoch_start(trainer, *args)
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self._counts_steps(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
+        bar = self.train_progress_bar
+        step = trainer.global_step
+        if not bar.disable and (step % self.refresh_rate == 0 or step == trainer.max_steps):
+            bar.n = step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._counts_steps(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the run directory says it; the summary prints it
+        return metrics

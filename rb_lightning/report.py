@@ -1,0 +1,182 @@
+"""``RunReport``: end every ``fit`` with why it stopped, where it got, and where its files are.
+
+The command line adds it to every run; in Python, pass it to the Trainer::
+
+    trainer = L.Trainer(callbacks=[RunReport(curves=["episode_return", "loss"], curve_x="frames")])
+
+At the end of ``fit`` (and when it is interrupted with Ctrl-C) it draws the
+logged metrics into ``curves.png`` in the run directory (needs matplotlib, the
+``plot`` extra, and Lightning's ``CSVLogger``) and prints, for example::
+
+    fit stopped at step 9,800 after 41.2 s: goal reached, episode_return 482.30 >= 475.0
+      episode_return 482.30 | frames 39,424
+      checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt
+      metrics     runs/cartpole_dqn/version_0/metrics.csv
+      curves      runs/cartpole_dqn/version_0/curves.png
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.loggers import CSVLogger
+
+from rb_lightning.curves import draw_curves
+
+__all__ = ["RunReport"]
+
+CURVES_FILE = "curves.png"
+
+
+class RunReport(Callback):
+    """Print a run's summary and draw its learning curves when ``fit`` ends or is interrupted.
+
+    Args:
+        curves: Logged metrics to draw, one panel each; ``None``: all of them.
+        curve_x: The x axis: ``"step"`` or a logged metric that grows with the
+            steps, e.g. ``"frames"`` (logged by ``OnlineCollector``).
+        draw: Draw ``curves.png`` (skipped with a note when matplotlib is missing).
+        resume_hint: A command line printed after an interrupted run, saying how
+            to continue it (the command line sets it).
+
+    Examples:
+        >>> report = RunReport(curves=["loss"])
+        >>> report.stop_reason is None
+        True
+    """
+
+    def __init__(
+        self,
+        curves: list[str] | None = None,
+        curve_x: str = "step",
+        draw: bool = True,
+        resume_hint: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.curves = None if curves is None else list(curves)
+        self.curve_x = curve_x
+        self.draw = bool(draw)
+        self.resume_hint = resume_hint
+        #: Why the last fit stopped, in words (``None`` before it ends).
+        self.stop_reason: str | None = None
+        #: The curves PNG of the last fit, if one was drawn.
+        self.curves_path: Path | None = None
+        self._started = time.perf_counter()
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish(trainer, _stop_reason(trainer), interrupted=False)
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == "fit":
+            self._finish(trainer, "interrupted (Ctrl-C)", interrupted=True)
+
+    # -- the report -------------------------------------------------------------------------
+    def _finish(self, trainer: Trainer, reason: str, *, interrupted: bool) -> None:
+        self.stop_reason = reason
+        if not trainer.is_global_zero:
+            return
+        metrics_file = _metrics_file(trainer)
+        curve_note = None
+        if self.draw and metrics_file is not None:
+            try:
+                self.curves_path = draw_curves(
+                    metrics_file,
+                    metrics_file.parent / CURVES_FILE,
+                    metrics=self.curves,
+                    x=self.curve_x,
+                    title=f"{type(trainer.lightning_module).__name__}, {metrics_file.parent}",
+                )
+            except ImportError as err:
+                curve_note = f"not drawn: {err}"
+        elapsed = time.perf_counter() - self._started
+        lines = [f"fit stopped at step {trainer.global_step:,} after {elapsed:.1f} s: {reason}"]
+        shown = _headline_metrics(trainer)
+        if shown:
+            lines.append("  " + " | ".join(shown))
+        checkpoint = _checkpoint_path(trainer)
+        rows = [
+            ("checkpoint", checkpoint or "none written"),
+            ("metrics", metrics_file),
+            ("curves", self.curves_path or curve_note),
+        ]
+        lines += [f"  {name:<11} {_relative(value)}" for name, value in rows if value]
+        if interrupted and self.resume_hint and checkpoint:
+            lines.append(f"  resume      {self.resume_hint}")
+        print("\n".join(lines), flush=True)
+
+
+def _stop_reason(trainer: Trainer) -> str:
+    for callback in trainer.callbacks:
+        if isinstance(callback, EarlyStopping) and (
+            callback.stopping_reason != EarlyStoppingReason.NOT_STOPPED
+        ):
+            if callback.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
+                value = trainer.callback_metrics.get(callback.monitor)
+                shown = f"{float(value):.2f}" if value is not None else "?"
+                sign = ">=" if callback.mode == "max" else "<="
+                return f"goal reached, {callback.monitor} {shown} {sign} {callback.stopping_threshold}"
+            return f"early stopping: {callback.stopping_reason_message or callback.stopping_reason}"
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+        return f"max_steps={trainer.max_steps:,} reached"
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and 0 < max_epochs <= trainer.current_epoch:
+        return f"max_epochs={max_epochs} reached"
+    return "the Trainer stopped"
+
+
+def _headline_metrics(trainer: Trainer) -> list[str]:
+    monitored = [
+        cb.monitor
+        for cb in trainer.callbacks
+        if isinstance(cb, (EarlyStopping, ModelCheckpoint)) and getattr(cb, "monitor", None)
+    ]
+    names = list(dict.fromkeys([*monitored, "frames", "val_loss", "train_loss", "loss"]))
+    shown = []
+    for name in names:
+        value = trainer.callback_metrics.get(name)
+        if value is None or value.numel() != 1 or not math.isfinite(float(value)):
+            continue
+        value = float(value)
+        text = f"{value:,.0f}" if value.is_integer() and abs(value) >= 1000 else f"{value:.4g}"
+        shown.append(f"{name} {text}")
+    return shown[:4]
+
+
+def _metrics_file(trainer: Trainer) -> Path | None:
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            logger.save()  # flush what is buffered (an interrupted run has not)
+            path = Path(logger.log_dir) / "metrics.csv"
+            return path if path.is_file() else None
+    return None
+
+
+def _checkpoint_path(trainer: Trainer) -> str | None:
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            path = callback.last_model_path or callback.best_model_path
+            if path:
+                return path
+    return None
+
+
+def _relative(value: Any) -> str:
+    text = str(value)
+    if os.path.isabs(text):
+        try:
+            return os.path.relpath(text)
+        except ValueError:  # another drive
+            return text
+    return text

@@ -1,0 +1,80 @@
+"""Run directories: one versioned directory per run of a config, found again by ``--ckpt_path last``.
+
+The shipped configs log with :class:`RunLogger` under ``runs/<config>/``, so
+every ``fit`` gets ``runs/<config>/version_<N>/`` holding ``config.yaml``,
+``metrics.csv``, ``curves.png`` and ``checkpoints/last.ckpt``. A second
+``fit`` of the same config starts ``version_<N+1>``: nothing is overwritten.
+``--ckpt_path last`` resumes the run whose ``last.ckpt`` was written most
+recently, in its own directory (:func:`latest_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import warnings
+from pathlib import Path
+
+from lightning.pytorch.loggers import CSVLogger
+
+__all__ = ["RunLogger", "latest_checkpoint"]
+
+LAST_CHECKPOINT = "last.ckpt"
+
+
+class RunLogger(CSVLogger):
+    """Lightning's ``CSVLogger``, except that a run resumed in its own directory keeps its metrics.
+
+    ``CSVLogger`` deletes ``metrics.csv`` when it opens a directory that has one;
+    a run resumed with ``--ckpt_path last`` logs into the directory it started
+    in, so this logger appends to the file instead (a step logged twice, after
+    the checkpoint and before an interruption, is read back with its latest value
+    by :func:`rb_lightning.curves.read_metrics`).
+
+    Args: as ``lightning.pytorch.loggers.CSVLogger`` (``save_dir``, ``name``,
+    ``version``, ...).
+
+    Examples:
+        >>> import tempfile
+        >>> logger = RunLogger(save_dir=tempfile.mkdtemp(), name="demo")
+        >>> logger.log_metrics({"loss": 1.0}, step=0); logger.save()
+        >>> again = RunLogger(save_dir=logger.save_dir, name="demo", version=logger.version)
+        >>> again.log_metrics({"loss": 0.5}, step=1); again.save()
+        >>> open(f"{again.log_dir}/metrics.csv").read().split()
+        ['loss,step', '1.0,0', '0.5,1']
+    """
+
+    @property
+    def experiment(self):  # type: ignore[override]  # noqa: ANN201 (Lightning's writer type)
+        if self._experiment is not None:
+            return self._experiment
+        metrics = Path(self.log_dir) / "metrics.csv"
+        kept = metrics.read_bytes() if metrics.is_file() else None
+        with warnings.catch_warnings():
+            # "...will be deleted when the new ones are saved": not with the file put back below.
+            warnings.filterwarnings("ignore", message="Experiment logs directory")
+            writer = super().experiment
+        if kept is not None and hasattr(writer, "metrics_keys"):
+            metrics.write_bytes(kept)
+            with open(metrics, newline="") as file:
+                writer.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+        return writer
+
+
+def latest_checkpoint(run_root: str | os.PathLike) -> Path | None:
+    """The most recently written ``version_*/checkpoints/last.ckpt`` under ``run_root``.
+
+    Args:
+        run_root: The directory holding a config's runs, e.g. ``runs/cartpole_dqn``.
+
+    Examples:
+        >>> latest_checkpoint("no/such/dir") is None
+        True
+    """
+    root = Path(run_root)
+    if not root.is_dir():
+        return None
+    candidates = [p for p in root.glob(f"*/checkpoints/{LAST_CHECKPOINT}") if p.exists()]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda path: path.stat().st_mtime)
