@@ -131,9 +131,9 @@ class ReplayBufferCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             root = _run_root(trainer)
-            found = latest_checkpoint(root) if root is not None else None
+            found = latest_checkpoint(root, extra_dirs=_checkpoint_dirs(trainer))
             if found is None:
-                where = f"{root}/version_*/checkpoints/" if root is not None else "a logger's directory"
+                where = f"{root}/version_*/checkpoints/" if root is not None else "the checkpoint dirpath"
                 raise ConfigError(
                     "ckpt_path",
                     f"'last' resumes the latest run of this config, but there is no last.ckpt "
@@ -141,7 +141,7 @@ class ReplayBufferCLI(LightningCLI):
                     "path of a .ckpt file.",
                 )
             config.ckpt_path = str(found)
-            if self.subcommand == "fit":
+            if self.subcommand == "fit" and root is not None and found.parent.parent.parent == root:
                 _set_logger_version(trainer, found.parent.parent.name)
         elif ckpt_path not in (None, "best", "hpc") and not str(ckpt_path).startswith("registry"):
             if not Path(ckpt_path).is_file():
@@ -175,7 +175,7 @@ class ReplayBufferCLI(LightningCLI):
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
         parts = ["python", "train.py", subcommand]
         for path in configs or []:
-            parts += ["--config", os.path.relpath(str(path))]
+            parts += ["--config", str(getattr(path, "relative", path))]  # as the user typed it
         return " ".join([*map(shlex.quote, parts), *extra])
 
 
@@ -206,6 +206,20 @@ def _run_root(trainer: Namespace) -> Path | None:
     if trainer.get("logger") is False:
         return None
     return Path(trainer.get("default_root_dir") or os.getcwd()) / "lightning_logs"
+
+
+def _checkpoint_dirs(trainer: Namespace) -> list[Path]:
+    """``dirpath`` of every ``ModelCheckpoint`` the config names explicitly."""
+    callbacks = trainer.get("callbacks") or []
+    dirs = []
+    for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith(
+            "ModelCheckpoint"
+        ):
+            dirpath = (entry.get("init_args") or Namespace()).get("dirpath")
+            if dirpath is not None:
+                dirs.append(Path(dirpath))
+    return dirs
 
 
 def _set_logger_version(trainer: Namespace, version: str) -> None:
@@ -271,6 +285,7 @@ _TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "optimizer", "
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted|does not accept option '([^']+)'")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: --([^\s=]+)")
 _NO_ATTRIBUTE = re.compile(r"^module '([^']+)' has no attribute '([^']+)'")
 
 
@@ -324,6 +339,8 @@ def _parse_error(err: BaseException) -> ConfigError:
         key, reason = key or match.group(1), match.group(2)
     if match := _NOT_ACCEPTED.search(reason):
         return _unknown_argument(key, match.group(1) or match.group(2), class_path)
+    if match := _UNRECOGNIZED.search(reason):  # a command-line option nobody takes
+        return _unknown_argument(key, match.group(1), class_path)
     if match := _NO_ATTRIBUTE.match(reason):
         hint = _did_you_mean(match.group(2), _module_names(match.group(1)))
         reason = f"class_path {class_path!r} cannot be imported: {reason}.{hint}"
@@ -338,11 +355,20 @@ def _parse_error(err: BaseException) -> ConfigError:
 
 def _unknown_argument(key: str, option: str, class_path: str | None) -> ConfigError:
     full_key = ".".join(part for part in (key, "init_args" if class_path else "", option) if part)
-    if class_path is None:  # a top-level key: trainer, model, data...
-        name = option.split(".", 1)[0]
-        hint = _did_you_mean(name, list(_TOP_LEVEL_KEYS))
+    if class_path is None:  # a top-level key (trainer, model, data...) or the Trainer's own
+        section, _, name = option.partition(".")
+        if section == "trainer" and name:
+            accepted = _parameters("lightning.pytorch.Trainer")
+            return ConfigError(
+                full_key,
+                f"the Trainer has no argument {name!r}.{_did_you_mean(name, accepted)} "
+                "Arguments are spelled out in full (no abbreviations).",
+            )
+        if section in _TOP_LEVEL_KEYS and name:
+            return ConfigError(full_key, f"{section} has no key {name!r}.")
+        hint = _did_you_mean(section, list(_TOP_LEVEL_KEYS))
         return ConfigError(
-            full_key, f"unknown key {name!r} (known: {', '.join(_TOP_LEVEL_KEYS)}).{hint}"
+            full_key, f"unknown key {section!r} (known: {', '.join(_TOP_LEVEL_KEYS)}).{hint}"
         )
     name = option.rsplit(".", 1)[-1]
     accepted = _parameters(class_path)

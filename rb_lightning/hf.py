@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
@@ -630,12 +631,41 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         "--keys", nargs="+", help="keys to export; nested keys as 'a.b' (default: all)"
     )
     args = parser.parse_args(argv)
-    rb = _load_buffer(args.buffer)
+    try:
+        rb = _load_buffer(args.buffer)
+    except (OSError, TypeError) as err:
+        return _usage_error(
+            parser,
+            f"BUFFER {args.buffer!r}: {err} Pass a directory written by rb.dumps(path) or a "
+            "file written by torch.save(rb, path).",
+        )
     keys = None if args.keys is None else [_key_of(k) for k in args.keys]
+    if keys is not None and len(rb):
+        stored = _columns.leaf_keys(rb[:1])
+        missing = [k for k in keys if k not in stored and not _is_prefix(k, stored)]
+        if missing:
+            shown = ", ".join(".".join(k) if isinstance(k, tuple) else k for k in stored)
+            return _usage_error(
+                parser,
+                f"--keys: {', '.join(args.keys[keys.index(k)] for k in missing)} not in the "
+                f"buffer, whose items have: {shown}. Nested keys are written 'a.b'.",
+            )
     dataset = to_hf_dataset(rb, streaming=False, keys=keys)
     dataset.save_to_disk(args.output)
     print(f"Saved {len(dataset)} items, columns {dataset.column_names}, to {args.output}")
     return 0
+
+
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
+    # One paragraph and exit code 2, like argparse's own errors, without the usage block.
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _is_prefix(key: NestedKey, stored: list[NestedKey]) -> bool:
+    """``key`` names a sub-TensorDict of the items (``"next"`` for ``("next", "reward")``)."""
+    parts = (key,) if isinstance(key, str) else tuple(key)
+    return any(isinstance(s, tuple) and s[: len(parts)] == parts for s in stored)
 
 
 __all__ = ["export_main", "from_hf_dataset", "infer_features", "to_hf_dataset"]

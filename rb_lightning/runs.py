@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
@@ -61,20 +62,25 @@ class RunLogger(CSVLogger):
         return writer
 
 
-def latest_checkpoint(run_root: str | os.PathLike) -> Path | None:
-    """The most recently written ``version_*/checkpoints/last.ckpt`` under ``run_root``.
+def latest_checkpoint(
+    run_root: str | os.PathLike | None, *, extra_dirs: Iterable[str | os.PathLike] = ()
+) -> Path | None:
+    """The most recently written ``last.ckpt`` of a config's runs.
 
     Args:
-        run_root: The directory holding a config's runs, e.g. ``runs/cartpole_dqn``.
+        run_root: The directory holding a config's runs, e.g. ``runs/cartpole_dqn``:
+            its ``version_*/checkpoints/last.ckpt`` are candidates.
+        extra_dirs: More directories whose ``last.ckpt`` is a candidate (a
+            ``ModelCheckpoint(dirpath=...)`` given explicitly).
 
     Examples:
         >>> latest_checkpoint("no/such/dir") is None
         True
     """
-    root = Path(run_root)
-    if not root.is_dir():
+    candidates = [Path(d) / LAST_CHECKPOINT for d in extra_dirs]
+    if run_root is not None and Path(run_root).is_dir():
+        candidates += Path(run_root).glob(f"*/checkpoints/{LAST_CHECKPOINT}")
+    existing = [path for path in candidates if path.is_file()]
+    if not existing:
         return None
-    candidates = [p for p in root.glob(f"*/checkpoints/{LAST_CHECKPOINT}") if p.exists()]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda path: path.stat().st_mtime)
+    return max(existing, key=lambda path: path.stat().st_mtime)

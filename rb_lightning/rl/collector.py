@@ -14,6 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
+from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning._validation import (
@@ -103,6 +104,13 @@ class OnlineCollector(Callback):
         seed: Seed for the environment. ``None``: drawn from torch's global
             generator, so ``seed_everything`` makes the run reproducible.
         exclude_keys: Keys of collected frames that are not written to the buffer.
+        n_steps: Store n-step transitions (torchrl's ``MultiStep``): the reward
+            is the discounted sum of the next ``n_steps`` rewards, ``("next", ...)``
+            the state ``n_steps`` later (or the episode's end), and
+            ``"steps_to_next_obs"`` how many steps that is, for a target
+            discounted by ``gamma ** steps_to_next_obs`` (as :class:`DQN` does).
+        gamma: Discount of the n-step rewards. ``None``: the module's
+            ``hparams.gamma``.
 
     Examples:
         >>> import lightning as L
@@ -136,6 +144,8 @@ class OnlineCollector(Callback):
         replay_buffer: ReplayBuffer | None = None,
         seed: int | None = None,
         exclude_keys: list[str] | None = None,
+        n_steps: int = 1,
+        gamma: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(env, (str, EnvBase)):
@@ -163,6 +173,9 @@ class OnlineCollector(Callback):
         self.replay_buffer = None if replay_buffer is None else check_replay_buffer(replay_buffer)
         self.seed = seed
         self.exclude_keys = list(exclude_keys or [])
+        self.n_steps = check_positive_int(n_steps, "n_steps")
+        self.gamma = gamma
+        self._multi_step: MultiStep | None = None
         self.frames = 0
         self.episodes = 0
         self.recent_returns: deque[float] = deque(maxlen=self.return_window)
@@ -259,6 +272,7 @@ class OnlineCollector(Callback):
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         env.set_seed(seed)
         self._policy = self._resolve_policy(pl_module)
+        self._multi_step = self._make_multi_step(pl_module)
         self._check_policy_fits_env(self._policy, env)
         self._warm_up(env, pl_module)
         self.collector = self._make_collector(env, pl_module, self.frames_per_step)
@@ -270,6 +284,17 @@ class OnlineCollector(Callback):
                 "init_random_frames >= 1 or fill the buffer before fit."
             )
         self._clock = (time.perf_counter(), 0)
+
+    def _make_multi_step(self, pl_module: LightningModule) -> MultiStep | None:
+        if self.n_steps == 1:
+            return None
+        gamma = self.gamma if self.gamma is not None else pl_module.hparams.get("gamma")
+        if gamma is None:
+            raise ValueError(
+                f"OnlineCollector(n_steps={self.n_steps}) discounts n-step rewards, but neither "
+                f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=..."
+            )
+        return MultiStep(gamma=float(gamma), n_steps=self.n_steps)
 
     def _make_collector(
         self, env: EnvBase, pl_module: LightningModule, frames_per_batch: int, **kwargs: Any
@@ -307,13 +332,17 @@ class OnlineCollector(Callback):
         self._store(next(self._iterator))
 
     def _store(self, frames: TensorDictBase) -> None:
-        frames = frames.reshape(-1)
-        done = frames.get(("next", "done")).reshape(frames.shape[0], -1).any(-1)
+        flat = frames.reshape(-1)
+        done = flat.get(("next", "done")).reshape(flat.shape[0], -1).any(-1)
         if done.any():
-            returns = frames.get(("next", EPISODE_RETURN_KEY)).reshape(frames.shape[0], -1)
+            returns = flat.get(("next", EPISODE_RETURN_KEY)).reshape(flat.shape[0], -1)
             finished = returns[done].sum(-1).tolist()
             self.recent_returns.extend(finished)
             self.episodes += len(finished)
+        if self._multi_step is not None:
+            # After the episode count: n-step targets move ("next", "done") n steps ahead.
+            frames = self._multi_step(frames.rename(None))
+        frames = frames.reshape(-1)
         if self.exclude_keys:
             frames = frames.exclude(*self.exclude_keys)
         self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"

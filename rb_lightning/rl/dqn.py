@@ -133,7 +133,10 @@ class DQN(EvaluatesEpisodes, LightningModule):
             next_value = next_target.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
             reward = batch["next", "reward"].reshape(-1)
             alive = (~batch["next", "terminated"]).reshape(-1).to(reward.dtype)
-            target = reward + hp.gamma * alive * next_value
+            # n-step transitions (OnlineCollector(n_steps=n)) bootstrap n steps later.
+            steps = batch.get("steps_to_next_obs", None)
+            discount = hp.gamma if steps is None else hp.gamma ** steps.reshape(-1).to(reward.dtype)
+            target = reward + discount * alive * next_value
         td_error = q_taken - target
         per_item = F.smooth_l1_loss(q_taken, target, reduction="none")
         if "priority_weight" in batch.keys():
