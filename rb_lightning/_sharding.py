@@ -16,6 +16,7 @@ from torch.utils.data import get_worker_info
 # Large odd constants keep (seed, rank, worker) combinations far apart.
 _RANK_STRIDE = 1_000_003
 _WORKER_STRIDE = 7_919
+_EPOCH_STRIDE = 104_729
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,23 @@ class Shard:
         # epoch: persistent workers must not replay the previous epoch's stream.
         seed = base_seed if self.worker_seed is None else self.worker_seed ^ base_seed
         return (seed + _RANK_STRIDE * self.rank + _WORKER_STRIDE * self.worker_id) % (2**63 - 1)
+
+    def epoch_seed(self, stream_seed: int, epoch: int, worker_id: int | None = None) -> int:
+        """A seed unique to (stream_seed, epoch, rank, worker), recomputable after a resume.
+
+        Unlike :meth:`seed`, it depends on no RNG state of the process, so a
+        checkpoint that records ``stream_seed`` and ``epoch`` reproduces it.
+        ``worker_id`` overrides the worker's own id (a resumed epoch deals the
+        workers' roles out shifted, see ``StreamCursor``).
+        """
+        worker = self.worker_id if worker_id is None else worker_id
+        mixed = (
+            stream_seed
+            + _EPOCH_STRIDE * (epoch + 1)
+            + _RANK_STRIDE * self.rank
+            + _WORKER_STRIDE * (worker + 1)
+        )
+        return mixed % (2**63 - 1)
 
 
 def current_shard() -> Shard:

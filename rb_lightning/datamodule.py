@@ -35,6 +35,8 @@ from rb_lightning.dataset import (
     SAMPLER_INFO_KEYS,
     ReplayBufferBatchDataset,
     ReplayBufferPassDataset,
+    ResumableBatchLoader,
+    StreamState,
     batch_loader,
 )
 from rb_lightning.errors import UsageError
@@ -230,8 +232,13 @@ class ReplayBufferDataModule(LightningDataModule):
             self.val_dataloader = self._val_dataloader
         if self.test_buffer is not None or self.eval_from_model:
             self.test_dataloader = self._test_dataloader
-        self._train_dataset: ReplayBufferBatchDataset | None = None
-        self._batches_served_before = 0
+        # The training stream's position: taken batches, read-ahead, epoch and seed. The
+        # train loader reports it to Lightning's checkpoints; no batch hook touches it.
+        self._stream = StreamState(
+            torch.initial_seed(),
+            progress=self._loop_progress,
+            keep_read_ahead=self.num_workers == 0,
+        )
         self.checkpoint_inline_max_bytes = check_non_negative_int(
             checkpoint_inline_max_bytes, "checkpoint_inline_max_bytes"
         )
@@ -242,7 +249,6 @@ class ReplayBufferDataModule(LightningDataModule):
         # A remote buffer's generator lives in its actor, with its owner.
         if not is_remote(self.replay_buffer):
             ensure_generator(self.replay_buffer)
-        self._replay_on_resume: list[Any] = []
 
     # -- checks -----------------------------------------------------------------------------
     def _check_workers_fit_buffer(self) -> None:
@@ -331,7 +337,9 @@ class ReplayBufferDataModule(LightningDataModule):
                 f"Trainer has no bound for it (limit_train_batches={limit!r}, "
                 f"max_steps={trainer.max_steps}): the first epoch would never end. Set "
                 "Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
-                "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int>."
+                "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int> (in a "
+                "config: trainer.limit_train_batches, trainer.max_steps, "
+                "data.init_args.num_batches)."
             )
 
     # -- data -------------------------------------------------------------------------------
@@ -382,21 +390,22 @@ class ReplayBufferDataModule(LightningDataModule):
         """Sampled batches of the training buffer."""
         num_batches = self._resolve_num_batches()
         self._check_epoch_is_bounded(num_batches)
-        if self._train_dataset is not None:
-            self._batches_served_before += self._train_dataset.batches_served
-        self._train_dataset = ReplayBufferBatchDataset(
+        dataset = ReplayBufferBatchDataset(
             self.replay_buffer,
             self.batch_size,
             keys=self.keys,
             num_batches=num_batches,
             min_size=self.min_size,
             wait_timeout=self.wait_timeout,
+            cursor=self._stream.cursor,
         )
-        if self.num_workers == 0:
-            # Batches Lightning had read ahead when the checkpoint was saved.
-            self._train_dataset.replay_first, self._replay_on_resume = self._replay_on_resume, []
-            self._train_dataset.track_in_flight = True
-        return self._loader(self._train_dataset)
+        return ResumableBatchLoader(
+            dataset,
+            self._stream,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+        )
 
     def _val_dataloader(self) -> Any:
         """One in-order pass over ``val_buffer``, else the model's own ``val_dataloader()``."""
@@ -433,7 +442,6 @@ class ReplayBufferDataModule(LightningDataModule):
         self, batch: Any, device: torch.device, dataloader_idx: int
     ) -> Any:
         """Move a TensorDict batch in one call; anything else goes to Lightning's default."""
-        self._mark_consumed()
         if isinstance(batch, TensorDictBase):
             non_blocking = self.pin_memory and device.type == "cuda"
             return batch.to(device, non_blocking=non_blocking)
@@ -469,51 +477,45 @@ class ReplayBufferDataModule(LightningDataModule):
     # -- state ------------------------------------------------------------------------------
     @property
     def batches_served(self) -> int:
-        """Training batches handed to the training loop, counted across resumed runs."""
-        current = self._train_dataset.batches_served if self._train_dataset is not None else 0
-        return self._batches_served_before + current
+        """Training batches the training loop has taken, counted across resumed runs."""
+        return self._stream.batches_served
 
-    def _mark_consumed(self) -> None:
-        # Called once per batch the training loop takes; what is left in flight was read ahead.
-        dataset = self._train_dataset
-        trainer = self.trainer
-        if trainer is not None and trainer.training and dataset is not None and dataset.in_flight:
-            dataset.in_flight.popleft()
+    def _loop_progress(self) -> tuple[int, bool] | None:
+        """Batches of the current epoch the fit loop has taken, and whether the epoch is done.
 
-    def _read_ahead(self) -> list[Any]:
-        """Batches sampled for the training loop but not yet taken by it."""
-        dataset = self._train_dataset
-        if dataset is None or not dataset.in_flight:
-            return []
+        Read from Lightning's own progress counters (not from a batch hook, which a
+        subclass may override): ``ready`` counts the batches moved to the device.
+        """
         trainer = self.trainer
-        if trainer is not None:
-            epoch_loop = trainer.fit_loop.epoch_loop
-            if epoch_loop.batch_progress.current.ready >= trainer.num_training_batches:
-                return []  # the epoch ends here: Lightning drops what it read ahead
-        return list(dataset.in_flight)
+        if trainer is None:
+            return None
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return ready, ready >= trainer.num_training_batches
 
     def state_dict(self) -> dict[str, Any]:
         """What Lightning stores in checkpoints for this DataModule.
 
         The training buffer (content, writer cursor and ``write_count``, sampler
-        state, sampling generator), batches Lightning read ahead of the saved
-        step, and the number of batches consumed. Small buffers are packed into
-        the ``.ckpt``; larger ones (``checkpoint_inline_max_bytes``) are written
-        beside it by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
-        this installs on the Trainer.
+        state, sampling generator), the stream position (also saved by Lightning
+        as the train loader's state), and the batches Lightning read ahead of the
+        saved step. Small buffers are packed into the ``.ckpt``; larger ones
+        (``checkpoint_inline_max_bytes``) are written beside it by
+        :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which this installs
+        on the Trainer.
         """
+        stream = self._stream.state_dict()
         if is_remote(self.replay_buffer):
             # A shared (Ray) buffer belongs to its owner, which checkpoints it (rb.dumps);
             # every rank saving it would race. Only this rank's progress is stored.
-            return {"batches_served": self.batches_served, "buffer": None}
+            return {"batches_served": stream["batches_served"], "stream": stream, "buffer": None}
         install_checkpoint_io(self.trainer)
-        read_ahead = self._read_ahead()
         return {
-            "batches_served": self.batches_served - len(read_ahead),
+            "batches_served": stream["batches_served"],
+            "stream": stream,
             "buffer": buffer_state(
                 self.replay_buffer,
                 inline_max_bytes=self.checkpoint_inline_max_bytes,
-                pending_batches=read_ahead,
+                pending_batches=self._stream.read_ahead(),
             ),
         }
 
@@ -523,13 +525,17 @@ class ReplayBufferDataModule(LightningDataModule):
         Raises :class:`~rb_lightning.checkpoint.BufferCheckpointError` naming the
         path when a buffer saved beside the checkpoint is missing or damaged.
         """
-        self._batches_served_before = int(state_dict.get("batches_served", 0))
-        self._train_dataset = None
+        stream = state_dict.get("stream")
+        if stream is None:  # a checkpoint of rb_lightning before the stream state
+            served = int(state_dict.get("batches_served", 0))
+            stream = {"seed": torch.initial_seed(), "epoch": 0, "position": 0}
+            stream["batches_served"] = served
+        self._stream.load_state_dict(stream)
         buffer = state_dict.get("buffer")
         if buffer is not None:
             install_checkpoint_io(self.trainer)
             ckpt_path = self.trainer.ckpt_path if self.trainer is not None else None
-            self._replay_on_resume = restore_buffer_state(self.replay_buffer, buffer, ckpt_path)
+            self._stream.replay_first(restore_buffer_state(self.replay_buffer, buffer, ckpt_path))
 
     def __repr__(self) -> str:
         return (

@@ -14,11 +14,12 @@ Two views of the same sampling stream:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import numbers
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -106,6 +107,209 @@ def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
     return _BatchLoader(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
 
 
+class StreamCursor:
+    """Where an epoch of a training stream starts: stream seed, epoch number, position.
+
+    Written by the training process when an iterator starts (:class:`StreamState`),
+    read by the dataset where it samples. The three numbers live in a small
+    shared-memory tensor, so persistent DataLoader workers read the values of
+    each new epoch without being restarted.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._values = torch.tensor([int(seed), 0, 0], dtype=torch.int64).share_memory_()
+
+    def read(self) -> tuple[int, int, int]:
+        """``(stream seed, epoch, batches of the epoch already handed out)``."""
+        seed, epoch, position = self._values.tolist()
+        return seed, epoch, position
+
+    def write(self, seed: int, epoch: int, position: int) -> None:
+        """Set the values the next iterator of the dataset starts from."""
+        self._values.copy_(torch.tensor([int(seed), int(epoch), int(position)]))
+
+
+class StreamState:
+    """The resumable state of a training stream, kept in the training process.
+
+    It counts what the training loop has taken, independently of any hook: an
+    iterator of :class:`ResumableBatchLoader` numbers the batches it hands out
+    within the epoch, and ``progress`` tells how many of them the loop has
+    taken (Lightning's ``batch_progress.current.ready``). What was handed out
+    beyond that was read ahead (Lightning fetches batch ``n+1`` before it runs
+    step ``n``): a checkpoint saves those batches (:meth:`read_ahead`) and the
+    resumed iterator hands them out first.
+
+    Args:
+        seed: Base of the per-epoch, per-rank, per-worker seeds of replica streams.
+
+    Keyword Args:
+        progress: Returns ``(batches of this epoch the loop has taken, whether
+            the epoch is complete)``, or ``None`` outside a training loop.
+        keep_read_ahead: Keep the batches handed out and not yet taken (for an
+            in-process loader, whose read-ahead cannot be redrawn). Loaders with
+            workers redraw instead (see :class:`ReplayBufferBatchDataset`).
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        *,
+        progress: Callable[[], tuple[int, bool] | None] | None = None,
+        keep_read_ahead: bool = True,
+    ) -> None:
+        self._seed = int(seed) % (2**63 - 1)  # torch.initial_seed() may not fit an int64
+        self.cursor = StreamCursor(self._seed)
+        self._progress = progress
+        self._keep_read_ahead = keep_read_ahead
+        self._epoch = -1  # no iterator yet
+        self._handed = 0  # next position of the current epoch
+        self._handed_total = 0
+        self._records: deque[tuple[int, Any]] = deque()
+        self._resume_at: tuple[int, int] | None = None
+        self._replay: list[Any] = []
+
+    # -- iteration (ResumableBatchLoader) ---------------------------------------------------
+    def begin_iterator(self) -> list[Any]:
+        """Start the next epoch (or continue a restored one); return batches to replay first."""
+        if self._resume_at is not None:
+            self._epoch, self._handed = self._resume_at
+            self._resume_at = None
+        else:
+            self._epoch, self._handed = self._epoch + 1, 0
+        replay, self._replay = self._replay, []
+        self._records.clear()  # what an earlier iterator read ahead was dropped with it
+        self.cursor.write(self._seed, self._epoch, self._handed + len(replay))
+        return replay
+
+    def handed_out(self, batch: Any) -> None:
+        """Record one batch given to the training loop; drop records of batches it took."""
+        consumed = self._consumed()
+        while self._records and (consumed is None or self._records[0][0] < consumed):
+            self._records.popleft()
+        if self._keep_read_ahead and consumed is not None:
+            self._records.append((self._handed, batch))
+        self._handed += 1
+        self._handed_total += 1
+
+    def _consumed(self) -> int | None:
+        progress = self._progress() if self._progress is not None else None
+        return None if progress is None else progress[0]
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def _position(self) -> tuple[int, int, bool]:
+        """(epoch, batches the loop took of it, epoch complete)."""
+        progress = self._progress() if self._progress is not None else None
+        consumed, done = (self._handed, False) if progress is None else progress
+        return max(self._epoch, 0), min(consumed, self._handed), done
+
+    @property
+    def batches_served(self) -> int:
+        """Training batches the loop has taken, counted across resumed runs."""
+        if self._resume_at is not None:
+            return self._handed_total
+        _, consumed, _ = self._position()
+        # Handed out and not taken: read ahead (an epoch that ended drops it).
+        return self._handed_total - max(self._handed - consumed, 0)
+
+    def read_ahead(self) -> list[Any]:
+        """Batches handed out for the current epoch that the loop has not taken yet."""
+        if self._resume_at is not None:
+            return list(self._replay)  # restored and not handed out yet: still ahead
+        _, consumed, done = self._position()
+        if done or not self._keep_read_ahead:
+            return []
+        return [batch for position, batch in self._records if position >= consumed]
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the next iterator starts: plain ints (``torch.load(weights_only=True)``)."""
+        if self._resume_at is not None:  # restored, not iterated yet: still there
+            epoch, position = self._resume_at
+            return {
+                "seed": self._seed,
+                "epoch": epoch,
+                "position": position,
+                "batches_served": self._handed_total,
+            }
+        epoch, consumed, done = self._position()
+        if self._epoch < 0:
+            epoch, consumed = 0, 0
+        elif done:
+            epoch, consumed = epoch + 1, 0
+        return {
+            "seed": self._seed,
+            "epoch": epoch,
+            "position": consumed,
+            "batches_served": self.batches_served,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from :meth:`state_dict`: the next iterator resumes the saved epoch."""
+        self._seed = int(state["seed"]) % (2**63 - 1)
+        self._resume_at = (int(state["epoch"]), int(state["position"]))
+        self._handed_total = int(state["batches_served"])
+        self._epoch, self._handed = -1, 0
+        self._records.clear()
+
+    def replay_first(self, batches: list[Any]) -> None:
+        """Batches restored from a checkpoint's read-ahead: the next iterator hands them out first."""
+        self._replay = list(batches)
+
+
+class _TrackedBatches:
+    """Iterator of a :class:`ResumableBatchLoader`: replays restored batches, records each one."""
+
+    def __init__(self, stream: StreamState, batches: Iterator[Any], replay: list[Any]) -> None:
+        self._stream = stream
+        self._batches = batches
+        self._replay = deque(replay)
+
+    def __iter__(self) -> _TrackedBatches:
+        return self
+
+    def __next__(self) -> Any:
+        batch = self._replay.popleft() if self._replay else next(self._batches)
+        self._stream.handed_out(batch)
+        return batch
+
+    def __reduce__(self) -> Any:
+        return (iter, ((),))  # like _InProcessBatches: not carried over when pickled
+
+
+class ResumableBatchLoader(_BatchLoader):
+    """A :func:`batch_loader` whose stream position is checkpointed state.
+
+    Lightning saves the train loader's ``state_dict()`` in the checkpoint and
+    hands it back to ``load_state_dict()`` on resume (so it does not warn that
+    the loader is "not resumable"). The state lives in a :class:`StreamState`
+    shared by every loader its owner builds (one per epoch with
+    ``reload_dataloaders_every_n_epochs``).
+
+    Args:
+        dataset: A :class:`ReplayBufferBatchDataset` built with ``cursor=stream.cursor``.
+        stream: The stream state this loader reports and restores.
+
+    Keyword Args:
+        **loader_kwargs: ``num_workers``, ``pin_memory``, ... as for :func:`batch_loader`.
+    """
+
+    def __init__(self, dataset: IterableDataset, stream: StreamState, **loader_kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Any]:
+        replay = self.stream.begin_iterator()  # before workers (re)start: they read the cursor
+        return _TrackedBatches(self.stream, super().__iter__(), replay)
+
+    def state_dict(self) -> dict[str, int]:
+        """The stream position (see :meth:`StreamState.state_dict`)."""
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Resume the stream at a position saved by :meth:`state_dict`."""
+        self.stream.load_state_dict(state_dict)
+
+
 class _ReplayBufferStream(IterableDataset):
     """Shared machinery: argument checks, sharding, seeding, waiting, sampling."""
 
@@ -141,16 +345,10 @@ class _ReplayBufferStream(IterableDataset):
         self._checked_names = False
         #: Whether sampled batches get sampler info attached; None until the first sample.
         self._attach_info: bool | None = None
-        #: Batches handed out by iterators of this object in this process.
+        #: Batches drawn by iterators of this object in this process (statistics only; the
+        #: resumable count of a training stream is :attr:`StreamState.batches_served`).
         self.batches_served = 0
-        #: Raw batches handed out and not yet marked consumed by the DataModule: the ones
-        #: Lightning has read ahead, which a checkpoint saves for an exact resume.
-        self.in_flight: deque[Any] = deque(maxlen=8)
-        #: Whether to keep ``in_flight`` (set by the DataModule, which pops what the loop
-        #: takes). Off by default: a bare loader would otherwise hold 8 extra batches.
-        self.track_in_flight = False
-        #: Batches to hand out before sampling again (read-ahead restored from a checkpoint).
-        self.replay_first: list[Any] = []
+        self._cursor: StreamCursor | None = None
 
     # -- public read-only properties ---------------------------------------------------------
     @property
@@ -298,21 +496,50 @@ class _ReplayBufferStream(IterableDataset):
 
     def _batches(self) -> Iterator[Any]:
         shard = current_shard()
-        count = self._batches_for(shard)
-        self._seed_replica(shard)
+        if self._cursor is None:
+            count, redraw = self._batches_for(shard), 0
+            self._seed_replica(shard)
+        else:
+            count, redraw = self._enter_epoch(shard, self._cursor)
         self._wait_until_ready()
+        for _ in range(redraw):
+            self._sample()  # what this worker's role drew before the checkpoint: dropped
         drawn = 0
-        self.in_flight.clear()  # what an earlier iterator read ahead was dropped with it
         while count is None or drawn < count:
             yield self._hand_out()
             drawn += 1
 
+    def _enter_epoch(self, shard: Shard, cursor: StreamCursor) -> tuple[int | None, int]:
+        """Seed this copy for the cursor's epoch; return (batches to yield, batches to redraw).
+
+        A worker's stream is a function of (stream seed, epoch, rank, role), so a
+        resumed epoch is rebuilt by redrawing what was consumed before the
+        checkpoint. Torch hands batches out round-robin starting at worker 0, so
+        after ``position`` consumed batches worker ``w`` plays role
+        ``(w + position) % num_workers``. In the training process the restored
+        buffer generator (and the read-ahead batches replayed before this
+        iterator) already continue the epoch: nothing is redrawn.
+        """
+        seed, epoch, position = cursor.read()
+        remote = is_remote(self._replay_buffer)
+        if shard.worker_seed is not None:  # a DataLoader worker
+            role = (shard.worker_id + position) % shard.num_workers
+            total = self._batches_for(dataclasses.replace(shard, worker_id=role))
+            redraw = -(-(position - role) // shard.num_workers) if position > role else 0
+            if not remote:
+                rng = torch.Generator().manual_seed(shard.epoch_seed(seed, epoch, role))
+                self._replay_buffer.set_rng(rng)
+            return (None if total is None else max(total - redraw, 0)), redraw
+        count = None if self._num_batches is None else max(self._num_batches - position, 0)
+        if position == 0 and shard.is_replica and not remote:
+            rng = torch.Generator().manual_seed(shard.epoch_seed(seed, epoch))
+            self._replay_buffer.set_rng(rng)
+        return count, 0
+
     def _hand_out(self) -> Any:
         # Kept out of the generator's locals: the batch it yielded must not stay
         # alive while the next one is sampled (a batch of extra peak memory).
-        batch = self.replay_first.pop(0) if self.replay_first else self._sample()
-        if self.track_in_flight:
-            self.in_flight.append(batch)
+        batch = self._sample()
         self.batches_served += 1
         return batch
 
@@ -421,6 +648,10 @@ class ReplayBufferBatchDataset(_ReplayBufferStream):
     Keyword Args:
         flatten: Yield a flat ``dict`` of ``[B, ...]`` tensors and lists of
             strings (``"key0.key1"`` names) instead of a ``TensorDict``.
+        cursor: A :class:`StreamCursor` (from a :class:`StreamState`) that
+            makes the stream resumable: each epoch's per-worker / per-rank
+            seeds and the batches already consumed come from it instead of the
+            process's RNG. Used by :class:`~rb_lightning.ReplayBufferDataModule`.
 
     Examples:
         >>> import torch
@@ -446,6 +677,7 @@ class ReplayBufferBatchDataset(_ReplayBufferStream):
         min_size: int | None = None,
         wait_timeout: float = 600.0,
         flatten: bool = False,
+        cursor: StreamCursor | None = None,
     ) -> None:
         super().__init__(
             replay_buffer,
@@ -457,6 +689,9 @@ class ReplayBufferBatchDataset(_ReplayBufferStream):
             wait_timeout=wait_timeout,
         )
         self._flatten = bool(flatten)
+        if cursor is not None and not isinstance(cursor, StreamCursor):
+            raise TypeError(f"cursor must be a StreamCursor, got {type(cursor).__name__}.")
+        self._cursor = cursor
 
     def _items_per_batch(self) -> int:
         return 1
