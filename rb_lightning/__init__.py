@@ -17,9 +17,10 @@ from rb_lightning.dataset import (
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
-from rb_lightning.runs import RunLogger
+from rb_lightning.runs import FinalLastCheckpoint, RunLogger
 
 __all__ = [
+    "FinalLastCheckpoint",
     "SAMPLER_INFO_KEYS",
     "ReplayBufferBatchDataset",
     "ReplayBufferDataModule",

@@ -133,7 +133,11 @@ class ReplayBufferCLI(LightningCLI):
             root = _run_root(trainer)
             found = latest_checkpoint(root, extra_dirs=_checkpoint_dirs(trainer))
             if found is None:
-                where = f"{root}/version_*/checkpoints/" if root is not None else "the checkpoint dirpath"
+                where = (
+                    f"{root}/version_*/checkpoints/"
+                    if root is not None
+                    else "the checkpoint dirpath"
+                )
                 raise ConfigError(
                     "ckpt_path",
                     f"'last' resumes the latest run of this config, but there is no last.ckpt "
@@ -430,7 +434,14 @@ def _instantiation_error(err: BaseException, config: Any) -> ConfigError:
                 key, class_path = matches[0]
         tb = tb.tb_next
     what = f"{class_path}(...) raised " if class_path else ""
-    return ConfigError(key, f"{what}{type(leaf).__name__}: {_one_paragraph(str(leaf))}")
+    reason = f"{what}{type(leaf).__name__}: {_one_paragraph(str(leaf))}"
+    if isinstance(leaf, ConnectionError) and "ray" in str(leaf).lower():
+        reason += (
+            " The config joins a running Ray cluster (ray_init_config: {address: auto}) and "
+            "none is running: start one with `ray start --head` (stop it with `ray stop`), or "
+            "remove `address` from ray_init_config to start a local one in this process."
+        )
+    return ConfigError(key, reason)
 
 
 def _configured_classes(config: Any) -> list[tuple[str, str, type]]:

@@ -126,7 +126,9 @@ def _stop_reason(trainer: Trainer) -> str:
                 value = trainer.callback_metrics.get(callback.monitor)
                 shown = f"{float(value):.2f}" if value is not None else "?"
                 sign = ">=" if callback.mode == "max" else "<="
-                return f"goal reached, {callback.monitor} {shown} {sign} {callback.stopping_threshold}"
+                return (
+                    f"goal reached, {callback.monitor} {shown} {sign} {callback.stopping_threshold}"
+                )
             return f"early stopping: {callback.stopping_reason_message or callback.stopping_reason}"
     if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
         return f"max_steps={trainer.max_steps:,} reached"

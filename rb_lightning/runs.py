@@ -16,9 +16,11 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-__all__ = ["RunLogger", "latest_checkpoint"]
+__all__ = ["FinalLastCheckpoint", "RunLogger", "latest_checkpoint"]
 
 LAST_CHECKPOINT = "last.ckpt"
 
@@ -60,6 +62,32 @@ class RunLogger(CSVLogger):
             with open(metrics, newline="") as file:
                 writer.metrics_keys = list(csv.DictReader(file).fieldnames or [])
         return writer
+
+
+class FinalLastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the final step of a finished fit.
+
+    Lightning's writes ``last.ckpt`` when it saves on its schedule
+    (``every_n_train_steps``...) and at the end of training only if it never
+    saved before, so a run that stops between two scheduled saves (a goal
+    reached at step 12,345 with saves every 1,000) would leave a ``last.ckpt``
+    of step 12,000 to ``test`` and to resume. This one rewrites it when ``fit``
+    ends. Arguments: as ``ModelCheckpoint``; ``save_last`` defaults to ``True``.
+
+    Examples:
+        >>> FinalLastCheckpoint(every_n_train_steps=1000).save_last
+        True
+    """
+
+    def __init__(self, *args: object, save_last: bool = True, **kwargs: object) -> None:
+        super().__init__(*args, save_last=save_last, **kwargs)  # type: ignore[arg-type]
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and self.dirpath is not None and not trainer.sanity_checking:
+            path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+            trainer.save_checkpoint(path)
+            self.last_model_path = path
 
 
 def latest_checkpoint(

@@ -341,7 +341,7 @@ class OnlineCollector(Callback):
             self.episodes += len(finished)
         if self._multi_step is not None:
             # After the episode count: n-step targets move ("next", "done") n steps ahead.
-            frames = self._multi_step(frames.rename(None))
+            frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
         frames = frames.reshape(-1)
         if self.exclude_keys:
             frames = frames.exclude(*self.exclude_keys)

@@ -1,0 +1,115 @@
+"""Mistakes around a run's life, on the shipped configs: one paragraph naming the fix, exit 2.
+
+Each row of docs/errors.md "Running, resuming, exporting" has a case here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from cli_helpers import REPO
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from rb_lightning.cli import main
+
+LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
+
+
+def _run(args: list[str], tmp_path: Path, capsys) -> str:
+    """``train.py ARGS`` in-process from ``tmp_path``; returns stderr after asserting exit 2."""
+    with (
+        mock.patch.object(sys, "argv", ["train.py"]),
+        pytest.raises(SystemExit) as stop,
+    ):
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            main(args)
+        finally:
+            os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_unbounded_stream_names_the_bounds(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    message = _run(["fit", "--config", LLM_SFT, "--trainer.max_steps=-1"], tmp_path, capsys)
+    assert "unbounded stream" in message
+    assert "trainer.max_steps" in message and "trainer.limit_train_batches" in message
+
+
+def test_checkpoint_path_that_does_not_exist(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    message = _run(["fit", "--config", LLM_SFT, "--ckpt_path", "nope.ckpt"], tmp_path, capsys)
+    assert "at ckpt_path:" in message and "'nope.ckpt' is not a file" in message
+    assert "'last'" in message
+
+
+def test_last_checkpoint_before_any_run(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    message = _run(["test", "--config", LLM_SFT, "--ckpt_path", "last"], tmp_path, capsys)
+    assert "at ckpt_path:" in message and "no last.ckpt" in message
+    assert "python train.py fit --config" in message  # how to start one
+
+
+@pytest.mark.parametrize("where", ["yaml", "flag"])
+def test_misspelled_trainer_argument(where, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    if where == "yaml":
+        (tmp_path / "typo.yaml").write_text("trainer:\n  max_step: 100\n")
+        extra = ["--config", str(tmp_path / "typo.yaml")]
+    else:  # argparse would silently take it as --trainer.max_steps
+        extra = ["--trainer.max_step=100"]
+    message = _run(["fit", "--config", LLM_SFT, *extra], tmp_path, capsys)
+    assert "at trainer.max_step:" in message
+    assert "Did you mean 'max_steps'?" in message
+
+
+def test_ray_config_without_a_cluster(tmp_path, capsys):
+    pytest.importorskip("ray")
+    if Path("/tmp/ray/ray_current_cluster").exists():
+        pytest.skip("a Ray cluster is running on this machine")
+    message = _run(
+        ["fit", "--config", str(REPO / "configs" / "cartpole_dqn_ray.yaml")], tmp_path, capsys
+    )
+    assert "ConnectionError" in message and "ray start --head" in message
+
+
+def _export(args: list[str]) -> subprocess.CompletedProcess:
+    # The console script runs rb_lightning.hf:export_main, as `python -m rb_lightning.hf` does.
+    return subprocess.run(
+        [sys.executable, "-m", "rb_lightning.hf", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+
+
+def test_export_hf_buffer_path_that_does_not_exist(tmp_path):
+    pytest.importorskip("datasets")
+    result = _export([str(tmp_path / "nope"), str(tmp_path / "out")])
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "BUFFER" in result.stderr and "rb.dumps(path)" in result.stderr
+
+
+def test_export_hf_unknown_key(tmp_path):
+    pytest.importorskip("datasets")
+    rb = ReplayBuffer(storage=LazyTensorStorage(8))
+    rb.extend(TensorDict({"obs": torch.zeros(4, 2), "next": {"reward": torch.ones(4)}}, [4]))
+    rb.dumps(tmp_path / "buffer")
+    result = _export([str(tmp_path / "buffer"), str(tmp_path / "out"), "--keys", "prompt"])
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--keys: prompt not in the buffer" in result.stderr
+    assert "obs" in result.stderr and "next.reward" in result.stderr
