@@ -13,9 +13,11 @@ Two small, self-contained implementations, written for this benchmark:
     environment inside ``training_step``), Adam lr 1e-2, the target network copied
     every 10 steps, epsilon-greedy from 1.0 to 0.01 linearly over the first 1,000
     steps, 1,000 random warm-start frames, gamma 0.99, MSE loss.
-    Differences from the template: bootstrapping is cut on ``terminated`` only (not on
-    the 500-step time limit, which old gym's single ``done`` could not tell apart), and
-    the buffer stacks numpy arrays when sampling instead of building tensors from lists.
+    Differences from the template: bootstrapping is cut on ``terminated`` only, not on
+    the 500-step time limit, which old gym's single ``done`` could not tell apart
+    (``--old-gym-done`` cuts it on both, as the template on old gym does: slower to the
+    goal), and the buffer stacks numpy arrays when sampling instead of building tensors
+    from lists.
 
 ``sac``
     A soft actor-critic on gymnasium ``Pendulum-v1`` in plain PyTorch, CleanRL-style
@@ -162,6 +164,7 @@ def _lightning_dqn_class() -> type:
             eps_end: float = 0.01,
             eps_frames: int = 1_000,
             goal: float = GOALS["dqn"],
+            old_gym_done: bool = False,
         ) -> None:
             super().__init__()
             self.started = time.perf_counter()
@@ -169,6 +172,7 @@ def _lightning_dqn_class() -> type:
             self.lr, self.gamma, self.sync_every = lr, gamma, sync_every
             self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
             self.goal = goal
+            self.old_gym_done = old_gym_done
             self.env = gym.make("CartPole-v1")
             self.env.action_space.seed(seed)
             self.obs, _ = self.env.reset(seed=seed)
@@ -194,7 +198,8 @@ def _lightning_dqn_class() -> type:
                 q_values = self.net(torch.as_tensor(self.obs, dtype=torch.float32)[None])
                 action = int(q_values.argmax(dim=1).item())
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
-            self.buffer.add(self.obs, action, float(reward), bool(terminated), next_obs)
+            cut = terminated or (truncated and self.old_gym_done)
+            self.buffer.add(self.obs, action, float(reward), bool(cut), next_obs)
             self.frames += 1
             self.episode_return += float(reward)
             if terminated or truncated:
@@ -243,13 +248,16 @@ def _lightning_dqn_class() -> type:
     return ReferenceDQN
 
 
-def run_dqn(seed: int, max_steps: int = 200_000) -> Outcome:
-    """Train the reference DQN until the goal or ``max_steps`` gradient steps."""
+def run_dqn(seed: int, max_steps: int = 200_000, old_gym_done: bool = False) -> Outcome:
+    """Train the reference DQN until the goal or ``max_steps`` gradient steps.
+
+    ``old_gym_done``: treat the time limit as terminal (no bootstrapping past it).
+    """
     import lightning as L
 
     started = time.perf_counter()
     L.seed_everything(seed, verbose=False)
-    model = _lightning_dqn_class()(seed=seed)
+    model = _lightning_dqn_class()(seed=seed, old_gym_done=old_gym_done)
     model.started = started
     trainer = L.Trainer(
         accelerator="cpu",
@@ -465,6 +473,11 @@ def main(argv: list[str] | None = None) -> Outcome:
         default=1_000,
         help="SAC: random warm-up frames before the first gradient step",
     )
+    parser.add_argument(
+        "--old-gym-done",
+        action="store_true",
+        help="DQN: no bootstrapping past the time limit either (old gym's done)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -473,7 +486,7 @@ def main(argv: list[str] | None = None) -> Outcome:
     if args.max_steps is not None:
         kwargs["max_steps"] = args.max_steps
     if args.agent == "dqn":
-        outcome = run_dqn(**kwargs)
+        outcome = run_dqn(old_gym_done=args.old_gym_done, **kwargs)
     else:
         outcome = run_sac(warmup=args.warmup, **kwargs)
     print(outcome.summary(), flush=True)

@@ -54,6 +54,10 @@ before and after is printed under the tables)::
     python benchmarks/time_to_goal.py --task cartpole --seeds 0 1 2
     python benchmarks/time_to_goal.py --task pendulum --seeds 0
     python benchmarks/time_to_goal.py --quick --runs reference        # smoke run: tiny caps
+
+The reference DQN bootstraps through CartPole's 500-step time limit (gymnasium's
+``terminated``); ``--old-gym-done`` cuts it there too, as the Lightning template does on
+old gym, whose single ``done`` cannot tell the two apart. That version needs more frames.
 """
 
 from __future__ import annotations
@@ -235,7 +239,9 @@ def read_metrics_csv(save_dir: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------------------
 
 
-def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) -> list[str]:
+def _command(
+    task: Task, side: str, seed: int, save_dir: Path, cap: int | None, old_gym_done: bool = False
+) -> list[str]:
     if side == "reference":
         command = [
             sys.executable,
@@ -246,6 +252,8 @@ def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) 
             "--max-steps",
             str(cap or task.max_steps),
         ]
+        if old_gym_done and task.reference_agent == "dqn":
+            command.append("--old-gym-done")
         return command
     command = [
         sys.executable,
@@ -271,11 +279,12 @@ def run_one(
     scratch: Path,
     timeout: float,
     log_dir: Path | None = None,
+    old_gym_done: bool = False,
 ) -> RunResult:
     """Run one seed of one side in a fresh interpreter and read back where it got."""
     save_dir = scratch / f"{task.name}_{side}_seed{seed}"
     save_dir.mkdir(parents=True, exist_ok=True)
-    command = _command(task, side, seed, save_dir, cap)
+    command = _command(task, side, seed, save_dir, cap, old_gym_done)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     try:
@@ -435,6 +444,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--log-dir", type=Path, default=None, help="keep each run's full output here"
     )
+    parser.add_argument(
+        "--old-gym-done",
+        action="store_true",
+        help="reference DQN: no bootstrapping past CartPole's 500-step time limit, as the "
+        "Lightning template does on old gym (off: terminated only, gymnasium's semantics)",
+    )
     args = parser.parse_args(argv)
 
     tasks = list(TASKS.values()) if args.task == "both" else [TASKS[args.task]]
@@ -458,6 +473,7 @@ def main(argv: list[str] | None = None) -> str:
                         scratch=scratch,
                         timeout=args.timeout,
                         log_dir=args.log_dir,
+                        old_gym_done=args.old_gym_done,
                     )
                     print(
                         f"[{task.name}] {side} seed {seed}: reached={result.reached} "
@@ -475,6 +491,9 @@ def main(argv: list[str] | None = None) -> str:
         f"before: {load_before}, after: {_load()}"
     )
     note = " `--quick`: capped runs, not a result." if args.quick else ""
+    if args.old_gym_done:
+        note += " Reference DQN with `--old-gym-done` (the time limit treated as terminal)."
+
     report = "\n\n".join(sections) + f"\n\n{machine}.{note}\n"
     print(report, flush=True)
     return report
