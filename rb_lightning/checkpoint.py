@@ -8,7 +8,14 @@ Checkpoints are sized by content, not capacity: a tensor storage that has not
 wrapped yet (``len < max_size``) writes only its filled rows (memory-mapped),
 next to its sampler's and writer's own ``dumps`` and the generator state, and
 is restored into a buffer of the saved capacity. A wrapped (full) buffer is
-written whole by torchrl's ``ReplayBuffer.dumps`` and read back by ``loads``.
+written whole by its storage's own checkpointer. A ``ListStorage`` is written
+as one memory-mapped TensorDict per item.
+
+No pickle is written or read: dumps hold raw tensor bytes (``.memmap``) and
+JSON only, and a dump holding any other file (a pickle sidecar planted in a
+checkpoint from elsewhere) is refused before anything is read, so loading a
+checkpoint never runs code, also when Lightning loads with
+``weights_only=True``.
 
 Before a dump is written, the free space of the target filesystem is checked
 against the bytes it needs (:class:`NotEnoughDiskSpaceError` instead of a
@@ -52,6 +59,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shutil
 import tarfile
 import tempfile
@@ -84,9 +92,23 @@ DEFAULT_INLINE_MAX_BYTES = 64 * 1024**2
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 BUFFER_DIR_SUFFIX = ".buffer"
-_LIST_STATE = "list_storage_state.pt"
-_EMPTY_STATE = "empty_buffer_state.pt"
 _PENDING = "pending_batches"
+# Kinds of dump (manifest "kind"); each is tensors (raw memmaps) and JSON only.
+_LIST_ITEMS = "list_items"  # ListStorage: one memmapped TensorDict per item, in _LIST_DIR
+_LIST_DIR = "items"
+_EMPTY = "empty_buffer"  # no data yet: writer, sampler and generator state
+_WHOLE_STORAGE = "whole_storage"  # a wrapped tensor storage, written by its checkpointer
+_TRANSFORM_STATE = "transform.t"  # a transform's state_dict: loaded with weights_only=True
+# Kinds written by earlier versions, still read (pickles only through safe loaders).
+_LEGACY_TORCHRL_DUMPS = "torchrl_dumps"
+_LEGACY_PREFETCH = "prefetch.pkl"
+_LEGACY_LIST = "list_state_dict"
+_LEGACY_LIST_STATE = "list_storage_state.pt"
+_LEGACY_EMPTY = "empty"
+_LEGACY_EMPTY_STATE = "empty_buffer_state.pt"
+_WEIGHTS_ONLY_FILES = (_TRANSFORM_STATE, _LEGACY_LIST_STATE, _LEGACY_EMPTY_STATE)
+#: Files a dump may hold besides the ones above: JSON and raw tensor bytes.
+_SAFE_SUFFIXES = (".json", ".memmap")
 #: Kind of dump that holds only the filled rows of a tensor storage that has not wrapped.
 _FILLED_ROWS = "filled_rows"
 _TENSOR_ROWS = "_rows"  # key of a plain-tensor storage's rows in the saved TensorDict
@@ -316,10 +338,12 @@ def dump_buffer(
 ) -> dict[str, Any]:
     """Write ``replay_buffer`` to the new directory ``path`` and return its manifest.
 
-    A tensor storage that has not wrapped writes only its filled rows
-    (:func:`writes_filled_rows_only`); a full one uses torchrl's
-    ``ReplayBuffer.dumps`` (memmapped files); ``ListStorage``, which torchrl
-    cannot dump, is saved with ``torch.save``.
+    Only memory-mapped tensors and JSON are written, never a pickle, so loading
+    runs no code from the files: a tensor storage that has not wrapped writes
+    its filled rows (:func:`writes_filled_rows_only`), a full one its whole
+    storage through the storage's checkpointer; a ``ListStorage`` one
+    memory-mapped TensorDict per item; sampler and writer through their own
+    ``dumps`` (JSON and memmaps), the generator state as a memmapped tensor.
 
     Args:
         replay_buffer: The buffer to save.
@@ -335,26 +359,22 @@ def dump_buffer(
     storage = replay_buffer.storage
     extra = dict(extra or {})
     if isinstance(storage, ListStorage):
-        kind = "list_state_dict"
-        torch.save(replay_buffer.state_dict(), root / _LIST_STATE)
+        kind = _LIST_ITEMS
+        extra.update(_dump_list_items(replay_buffer, root))
     elif not getattr(storage, "initialized", True) or len(replay_buffer) == 0:
         # torchrl refuses to dump a storage that never received data.
-        kind = "empty"
-        generator = getattr(replay_buffer, "_rng", None)
-        torch.save(
-            {
-                "rng_state": None if generator is None else generator.get_state(),
-                "rng_device": None if generator is None else str(generator.device),
-                "writer": replay_buffer.writer.state_dict(),
-            },
-            root / _EMPTY_STATE,
-        )
+        kind = _EMPTY
+        _dump_components(replay_buffer, root)
     elif writes_filled_rows_only(replay_buffer):
         kind = _FILLED_ROWS
         extra.update(_dump_filled_rows(replay_buffer, root))
     else:
-        kind = "torchrl_dumps"
-        replay_buffer.dumps(root)
+        kind = _WHOLE_STORAGE
+        storage.dumps(root / "storage")
+        extra.update(capacity=storage.max_size, **_dump_components(replay_buffer, root))
+        transform_state = replay_buffer.transform.state_dict()
+        if transform_state:
+            torch.save(transform_state, root / _TRANSFORM_STATE)  # tensors: weights-only loadable
     for number, batch in enumerate(pending_batches):
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
@@ -362,6 +382,7 @@ def dump_buffer(
                 "can be saved for an exact resume."
             )
         batch.memmap(root / _PENDING / str(number))
+    _refuse_pickles(root, written=True)
     return _write_manifest(
         root,
         {
@@ -379,42 +400,33 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
 
     The current content of ``replay_buffer`` is replaced. Raises
     :class:`BufferCheckpointError` naming ``path`` when the directory is
-    missing or does not match its manifest.
+    missing, does not match its manifest, or holds a file that could run code
+    when read (a pickle): nothing in it is unpickled.
     """
     root = Path(path)
     manifest = read_manifest(root)
+    _refuse_pickles(root)
     kind = manifest["kind"]
-    if kind == "list_state_dict":
-        _require(
-            isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer
-        )
-        replay_buffer.load_state_dict(torch.load(root / _LIST_STATE, weights_only=False))
+    if kind == _LIST_ITEMS:
+        _load_list_items(replay_buffer, root, manifest)
     elif kind == _FILLED_ROWS:
         _load_filled_rows(replay_buffer, root, manifest)
-    elif kind == "empty":
-        state = torch.load(root / _EMPTY_STATE, weights_only=False)
+    elif kind == _EMPTY:
         replay_buffer.empty()
-        replay_buffer.writer.load_state_dict(state["writer"])
-        if state["rng_state"] is not None:
-            generator = torch.Generator(device=state["rng_device"])
-            generator.set_state(state["rng_state"])
-            replay_buffer.set_rng(generator)
-    elif kind == "torchrl_dumps":
+        _load_components(replay_buffer, root, manifest, sampler=False)
+    elif kind == _LEGACY_EMPTY:
+        _load_legacy_empty(replay_buffer, root)
+    elif kind in (_WHOLE_STORAGE, _LEGACY_TORCHRL_DUMPS):
         _require(
             isinstance(replay_buffer.storage, TensorStorage),
             root,
             "a tensor storage",
             replay_buffer,
         )
-        try:
-            replay_buffer.loads(root)
-        except Exception as error:
-            raise BufferCheckpointError(
-                f"torchrl could not load the replay buffer saved in {root} into the DataModule's "
-                f"buffer ({type(error).__name__}: {error}). Build the buffer as in the saved run: "
-                "same storage type and max_size, same sampler and writer types."
-            ) from error
+        _load_whole_storage(replay_buffer, root, manifest)
         _restore_non_tensor_leaves(replay_buffer, root / "storage")
+    elif kind == _LEGACY_LIST:
+        _load_legacy_list(replay_buffer, root)
     else:
         raise BufferCheckpointError(
             f"The replay-buffer dump {root} is of kind {kind!r}, which this rb_lightning cannot "
@@ -431,9 +443,99 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
             "max_size as the one that was saved?"
         )
     return [
-        TensorDict.load_memmap(root / _PENDING / str(number)).clone()
+        TensorDict.load_memmap(root / _PENDING / str(number), allow_pickle=False).clone()
         for number in range(manifest.get("pending_batches", 0))
     ]
+
+
+def _refuse_pickles(root: Path, *, written: bool = False) -> None:
+    """Raise unless every file under ``root`` is JSON, a raw memmap or a weights-only file.
+
+    ``written``: checking a dump just made (a non-tensor value that only pickle can
+    store), rather than one about to be read (a file that could run code).
+    """
+    for file in sorted(root.rglob("*")):
+        if not file.is_file() or file.suffix in _SAFE_SUFFIXES:
+            continue
+        name = file.relative_to(root).as_posix()
+        if file.name in _WEIGHTS_ONLY_FILES:
+            continue  # read with torch.load(weights_only=True): tensors and containers only
+        if file.name == _LEGACY_PREFETCH and _is_empty_prefetch_state(file):
+            continue  # torchrl's dumps of a buffer without prefetch (older rb_lightning)
+        if written:
+            shutil.rmtree(root, ignore_errors=True)
+            raise BufferCheckpointError(
+                f"The replay buffer holds a value that can only be saved as a pickle ({name}): "
+                "rb_lightning checkpoints store tensors, strings and numbers only, so that "
+                "loading one can never run code. Store such values as tensors or strings "
+                "(NonTensorData of str/int/float/list/dict)."
+            )
+        raise BufferCheckpointError(
+            f"The replay-buffer dump {root} contains {name}, a file that is not plain data "
+            "(JSON or raw tensor bytes): it could run code when read, so it is refused, not "
+            "loaded. rb_lightning never writes such a file; the checkpoint was made elsewhere "
+            "or tampered with. Resume from a checkpoint you trust."
+        )
+
+
+def _is_empty_prefetch_state(path: Path) -> bool:
+    """Whether ``path`` is torchrl's pickled prefetch state with an empty queue.
+
+    Read with an unpickler that resolves no global name at all, so nothing can be
+    called: a pickle that needs one (anything but plain containers and numbers)
+    is rejected.
+    """
+
+    class _NoGlobals(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError(f"global {module}.{name} refused")
+
+    try:
+        with open(path, "rb") as file:
+            state = _NoGlobals(file).load()
+    except Exception:
+        return False
+    return state is None or (isinstance(state, dict) and not state.get("queue"))
+
+
+def _dump_components(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+    """Sampler, writer (their own ``dumps``: JSON and memmaps) and generator state."""
+    replay_buffer.sampler.dumps(root / "sampler")
+    replay_buffer.writer.dumps(root / "writer")
+    generator = getattr(replay_buffer, "_rng", None)
+    if generator is not None:
+        TensorDict(rng_state=generator.get_state(), device=generator.device).memmap(
+            root / "rng_state"
+        )
+    return {
+        "batch_size": getattr(replay_buffer, "_batch_size", None),
+        "consume_after_n_samples": getattr(replay_buffer, "_consume_after_n_samples", None),
+    }
+
+
+def _load_components(
+    replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any], *, sampler: bool = True
+) -> None:
+    """Inverse of :func:`_dump_components` (after the storage was restored)."""
+    try:
+        if sampler:
+            replay_buffer.sampler.loads(root / "sampler")
+        replay_buffer.writer.loads(root / "writer")
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"Could not load the sampler/writer state saved in {root} into the DataModule's "
+            f"buffer ({type(error).__name__}: {error}). Build the buffer as in the saved run: "
+            "same storage type and max_size, same sampler and writer types."
+        ) from error
+    if (root / "rng_state").exists():
+        state = TensorDict.load_memmap(root / "rng_state", allow_pickle=False)
+        generator = torch.Generator(device=state.device)
+        generator.set_state(state["rng_state"].clone())
+        replay_buffer.set_rng(generator)
+    if manifest.get("batch_size") is not None and hasattr(replay_buffer, "_batch_size"):
+        replay_buffer._batch_size = manifest["batch_size"]
+    if hasattr(replay_buffer, "_consume_after_n_samples"):
+        replay_buffer._consume_after_n_samples = manifest.get("consume_after_n_samples")
 
 
 def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
@@ -449,54 +551,142 @@ def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]
     if tensor_rows:
         rows = TensorDict({_TENSOR_ROWS: rows}, batch_size=rows.shape[:1])
     rows.memmap(root / "storage", copy_existing=True)  # memmap storages: copy, do not move
-    replay_buffer.sampler.dumps(root / "sampler")
-    replay_buffer.writer.dumps(root / "writer")
-    generator = getattr(replay_buffer, "_rng", None)
-    if generator is not None:
-        TensorDict(rng_state=generator.get_state(), device=generator.device).memmap(
-            root / "rng_state"
-        )
     return {
         "capacity": storage.max_size,
         "tensor_rows": tensor_rows,
-        "batch_size": getattr(replay_buffer, "_batch_size", None),
-        "consume_after_n_samples": getattr(replay_buffer, "_consume_after_n_samples", None),
+        **_dump_components(replay_buffer, root),
     }
+
+
+def _check_capacity(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+    saved = manifest.get("capacity")
+    given = replay_buffer.storage.max_size
+    if saved is not None and saved != given:
+        raise BufferCheckpointError(
+            f"The buffer saved in {root} has capacity max_size={saved}, the "
+            f"DataModule's buffer has max_size={given}. Build the buffer with the "
+            "same storage size as the saved run."
+        )
 
 
 def _load_filled_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
     storage = replay_buffer.storage
     _require(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
-    if storage.max_size != manifest["capacity"]:
-        raise BufferCheckpointError(
-            f"The buffer saved in {root} has capacity max_size={manifest['capacity']}, the "
-            f"DataModule's buffer has max_size={storage.max_size}. Build the buffer with the "
-            "same storage size as the saved run."
-        )
-    saved = TensorDict.load_memmap(root / "storage")
+    _check_capacity(replay_buffer, root, manifest)
+    saved = TensorDict.load_memmap(root / "storage", allow_pickle=False)
     rows = saved[_TENSOR_ROWS] if manifest["tensor_rows"] else saved
     try:
         # empty() resets storage length, writer and sampler; set() initialises a lazy
         # storage at the full capacity and counts the rows; then the saved states.
         replay_buffer.empty()
         storage.set(slice(0, manifest["len"]), rows)
-        replay_buffer.sampler.loads(root / "sampler")
-        replay_buffer.writer.loads(root / "writer")
     except Exception as error:
         raise BufferCheckpointError(
             f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
             f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
             "storage type and max_size, same sampler and writer types."
         ) from error
-    if (root / "rng_state").exists():
-        state = TensorDict.load_memmap(root / "rng_state")
-        generator = torch.Generator(device=state.device)
-        generator.set_state(state["rng_state"].clone())
+    _load_components(replay_buffer, root, manifest)
+
+
+def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+    """A whole tensor storage (and, for dumps of older versions, torchrl's ``dumps`` layout)."""
+    _check_capacity(replay_buffer, root, manifest)
+    try:
+        # The storage's checkpointer reads memmaps and JSON; _refuse_pickles has made
+        # sure there is no pickle sidecar for it to read.
+        replay_buffer.storage.loads(root / "storage")
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
+            f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
+            "storage type and max_size, same sampler and writer types."
+        ) from error
+    if manifest["kind"] == _LEGACY_TORCHRL_DUMPS and (root / "buffer_metadata.json").exists():
+        manifest = {**manifest, **json.loads((root / "buffer_metadata.json").read_text())}
+    _load_components(replay_buffer, root, manifest)
+    if (root / _TRANSFORM_STATE).exists():
+        replay_buffer.transform.load_state_dict(
+            torch.load(root / _TRANSFORM_STATE, weights_only=True)
+        )
+
+
+def _dump_list_items(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+    """One memory-mapped TensorDict per ``ListStorage`` item, and the components."""
+    storage = replay_buffer.storage
+    kinds = []
+    for number in range(len(storage)):
+        item = storage.get(number)
+        if isinstance(item, TensorDictBase):
+            kinds.append("tensordict")
+        elif isinstance(item, torch.Tensor):
+            kinds.append("tensor")
+            item = TensorDict({_TENSOR_ROWS: item})
+        elif isinstance(item, dict):
+            kinds.append("dict")
+            item = TensorDict(item)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            raise BufferCheckpointError(
+                f"ListStorage item {number} is a {type(item).__name__}: rb_lightning "
+                "checkpoints TensorDict, tensor and dict items (stored as tensors and JSON, "
+                "never pickled). Store items as TensorDicts."
+            )
+        item.memmap(root / _LIST_DIR / str(number))
+    return {
+        "capacity": storage.max_size,
+        "item_kinds": kinds,
+        **_dump_components(replay_buffer, root),
+    }
+
+
+def _load_list_items(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+    storage = replay_buffer.storage
+    _require(isinstance(storage, ListStorage), root, "a ListStorage", replay_buffer)
+    _check_capacity(replay_buffer, root, manifest)
+    replay_buffer.empty()
+    for number, kind in enumerate(manifest["item_kinds"]):
+        item = TensorDict.load_memmap(root / _LIST_DIR / str(number), allow_pickle=False)
+        item = item.clone()  # out of the memmap files, which belong to the checkpoint
+        if kind == "tensor":
+            item = item[_TENSOR_ROWS]
+        elif kind == "dict":
+            item = item.to_dict()
+        storage.set(number, item)
+    _load_components(replay_buffer, root, manifest)
+
+
+def _load_legacy_list(replay_buffer: ReplayBuffer, root: Path) -> None:
+    # Written by rb_lightning before pickle-free dumps: a torch.save of rb.state_dict().
+    _require(isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer)
+    try:
+        state = torch.load(root / _LEGACY_LIST_STATE, weights_only=True)
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"{root / _LEGACY_LIST_STATE} was written by an older rb_lightning as a pickle of "
+            f"objects other than tensors ({type(error).__name__}), which is refused: loading "
+            "it could run code. If the checkpoint is your own, load it with that older "
+            "rb_lightning and save it again."
+        ) from error
+    replay_buffer.load_state_dict(state)
+
+
+def _load_legacy_empty(replay_buffer: ReplayBuffer, root: Path) -> None:
+    # Written by rb_lightning before pickle-free dumps; tensors, strings and ints only.
+    try:
+        state = torch.load(root / _LEGACY_EMPTY_STATE, weights_only=True)
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"{root / _LEGACY_EMPTY_STATE} holds objects other than tensors "
+            f"({type(error).__name__}): refused, loading it could run code. Resume from a "
+            "checkpoint you trust."
+        ) from error
+    replay_buffer.empty()
+    replay_buffer.writer.load_state_dict(state["writer"])
+    if state["rng_state"] is not None:
+        generator = torch.Generator(device=state["rng_device"])
+        generator.set_state(state["rng_state"])
         replay_buffer.set_rng(generator)
-    if manifest.get("batch_size") is not None and hasattr(replay_buffer, "_batch_size"):
-        replay_buffer._batch_size = manifest["batch_size"]
-    if hasattr(replay_buffer, "_consume_after_n_samples"):
-        replay_buffer._consume_after_n_samples = manifest.get("consume_after_n_samples")
 
 
 def _write_count(replay_buffer: ReplayBuffer) -> int | None:
@@ -517,7 +707,7 @@ def _restore_non_tensor_leaves(replay_buffer: ReplayBuffer, storage_dir: Path) -
     data = replay_buffer.storage._storage
     if not isinstance(data, TensorDictBase) or data.is_locked:
         return
-    saved = TensorDict.load_memmap(storage_dir)
+    saved = TensorDict.load_memmap(storage_dir, allow_pickle=False)
     for key in saved.keys(include_nested=True):
         value = saved.get(key)
         if is_non_tensor(value):

@@ -85,7 +85,7 @@ def test_partly_full_buffer_round_trip_is_exact(tmp_path, sampler):
 def test_wrapped_buffer_is_written_whole(tmp_path):
     rb = make_buffer(capacity=50)
     rb.extend(items(20, 100))  # 60 written into 50 slots
-    assert dump_buffer(rb, tmp_path / "d")["kind"] == "torchrl_dumps"
+    assert dump_buffer(rb, tmp_path / "d")["kind"] == "whole_storage"
 
 
 def test_restoring_into_another_capacity_is_refused(tmp_path):
