@@ -390,6 +390,7 @@ def dump_buffer(
             "len": len(replay_buffer),
             "write_count": _write_count(replay_buffer),
             "pending_batches": len(pending_batches),
+            "build": buffer_build(replay_buffer),
             **extra,
         },
     )
@@ -406,6 +407,7 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
     root = Path(path)
     manifest = read_manifest(root)
     _refuse_pickles(root)
+    check_same_build(manifest.get("build"), replay_buffer, root)
     kind = manifest["kind"]
     if kind == _LIST_ITEMS:
         _load_list_items(replay_buffer, root, manifest)
@@ -446,6 +448,74 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
         TensorDict.load_memmap(root / _PENDING / str(number), allow_pickle=False).clone()
         for number in range(manifest.get("pending_batches", 0))
     ]
+
+
+#: Sampler settings that change which items are drawn or the weights they carry.
+_SAMPLER_SETTINGS = {
+    "_alpha": "alpha",
+    "_beta": "beta",
+    "_eps": "eps",
+    "_max_capacity": "max_capacity",
+    "drop_last": "drop_last",
+    "shuffle": "shuffle",
+}
+
+
+def buffer_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
+    """How ``replay_buffer`` is built, as far as it shapes the sampled stream (JSON-able).
+
+    Storage, sampler and writer classes, the capacity and the sampler's settings
+    (``alpha``, ``beta``, ``eps``, ``max_capacity`` of a ``PrioritizedSampler``;
+    ``drop_last``, ``shuffle`` of a ``SamplerWithoutReplacement``). Recorded in
+    every dump's manifest and compared on load by :func:`check_same_build`.
+    """
+    sampler = replay_buffer.sampler
+    settings = {}
+    for attribute, name in _SAMPLER_SETTINGS.items():
+        value = getattr(sampler, attribute, None)
+        if isinstance(value, (bool, int, float)):
+            settings[name] = value
+    return {
+        "storage": type(replay_buffer.storage).__name__,
+        "capacity": int(replay_buffer.storage.max_size),
+        "sampler": type(sampler).__name__,
+        "sampler_settings": settings,
+        "writer": type(replay_buffer.writer).__name__,
+    }
+
+
+def check_same_build(saved: dict[str, Any] | None, replay_buffer: ReplayBuffer, root: Path) -> None:
+    """Raise :class:`BufferCheckpointError` when ``replay_buffer`` is built unlike the saved one.
+
+    A resumed run with another sampler or writer would silently drop state (a
+    ``PrioritizedSampler``'s priorities) or draw another stream; the message names
+    each difference, saved vs given. Dumps of older versions carry no record:
+    nothing to compare.
+    """
+    if not saved:
+        return
+    given = buffer_build(replay_buffer)
+    differences = []
+    for part in ("storage", "capacity", "sampler", "writer"):
+        if saved.get(part) != given[part]:
+            name = "max_size" if part == "capacity" else part
+            differences.append(f"saved {name}={saved.get(part)}, given {name}={given[part]}")
+    if saved.get("sampler") == given["sampler"]:
+        saved_settings = saved.get("sampler_settings", {})
+        for name, value in saved_settings.items():
+            if given["sampler_settings"].get(name) != value:
+                differences.append(
+                    f"saved {given['sampler']}({name}={value}), given "
+                    f"{given['sampler']}({name}={given['sampler_settings'].get(name)})"
+                )
+    if differences:
+        raise BufferCheckpointError(
+            f"The replay buffer saved in {root} was built differently from the one it is "
+            f"being restored into ({'; '.join(differences)}). Resuming would drop the saved "
+            "sampler or writer state or change the sampled stream. Build the replay buffer "
+            "with the saved storage, capacity, sampler (and its settings) and writer, or "
+            "start a new run instead of resuming this checkpoint."
+        )
 
 
 def _refuse_pickles(root: Path, *, written: bool = False) -> None:

@@ -211,3 +211,41 @@ def test_buffer_built_differently_from_the_saved_one_is_a_clear_error(tmp_path):
         load_buffer(make_buffer(capacity=CAPACITY // 2), tmp_path / "dump")
     with pytest.raises(BufferCheckpointError, match="ListStorage"):
         load_buffer(ReplayBuffer(storage=ListStorage(CAPACITY)), tmp_path / "dump")
+
+
+def test_sampler_writer_and_settings_mismatch_is_a_clear_error(tmp_path):
+    # A PrioritizedSampler checkpoint resumed into a RandomSampler buffer would drop the
+    # priorities without a word; another writer or alpha would change the stream.
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+    from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
+
+    dump_buffer(make_buffer("prioritized"), tmp_path / "dump")
+    manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
+    assert manifest["build"]["sampler"] == "PrioritizedSampler"
+    assert manifest["build"]["sampler_settings"]["alpha"] == pytest.approx(0.8)
+
+    with pytest.raises(
+        BufferCheckpointError,
+        match="saved sampler=PrioritizedSampler, given sampler=RandomSampler",
+    ):
+        load_buffer(make_buffer("random", filled=False), tmp_path / "dump")
+
+    other_alpha = make_buffer("prioritized", filled=False)
+    other_alpha._sampler = PrioritizedSampler(CAPACITY, alpha=0.6, beta=0.5)
+    with pytest.raises(BufferCheckpointError, match=r"saved PrioritizedSampler\(alpha=0.8"):
+        load_buffer(other_alpha, tmp_path / "dump")
+
+    other_writer = make_buffer("prioritized", filled=False)
+    other_writer._writer = TensorDictRoundRobinWriter()
+    with pytest.raises(BufferCheckpointError, match="given writer=TensorDictRoundRobinWriter"):
+        load_buffer(other_writer, tmp_path / "dump")
+
+
+def test_trainer_resume_into_another_sampler_names_saved_and_given(tmp_path):
+    datamodule = ReplayBufferDataModule(make_buffer("prioritized"), batch_size=8, num_batches=None)
+    make_trainer(tmp_path, max_steps=2, every=2).fit(Recorder(), datamodule=datamodule)
+    fresh = ReplayBufferDataModule(make_buffer("random"), batch_size=8, num_batches=None)
+    with pytest.raises(BufferCheckpointError, match="sampler=PrioritizedSampler"):
+        make_trainer(tmp_path, max_steps=4, every=2).fit(
+            Recorder(), datamodule=fresh, ckpt_path="last"
+        )
