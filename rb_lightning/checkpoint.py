@@ -56,6 +56,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -93,6 +94,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 BUFFER_DIR_SUFFIX = ".buffer"
 _PENDING = "pending_batches"
+_RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
+_STAGING_DIR = ".rb_lightning-staging"
 # Kinds of dump (manifest "kind"); each is tensors (raw memmaps) and JSON only.
 _LIST_ITEMS = "list_items"  # ListStorage: one memmapped TensorDict per item, in _LIST_DIR
 _LIST_DIR = "items"
@@ -1009,21 +1012,128 @@ def buffer_state(
     }
 
 
+def rank_buffer_state(
+    replay_buffer: ReplayBuffer,
+    trainer: Any,
+    *,
+    pending_batches: Sequence[Any] = (),
+) -> BufferDumpRequest:
+    """Every DDP rank's buffer in one checkpoint: call on all ranks (it is collective).
+
+    Each rank dumps its own buffer into ``<staging>/<version>.tmp/rank<r>``
+    (``<staging>`` is ``.rb_lightning-staging`` in the checkpoint directory, so
+    every rank must see that directory: one node or a shared filesystem). The
+    ranks agree on ``version`` and on success before any returns; rank 0's
+    :class:`BufferCheckpointIO` then moves the complete version beside the
+    ``.ckpt`` with one rename before it writes the ``.ckpt``.
+    """
+    strategy = trainer.strategy
+    rank, world_size = trainer.global_rank, trainer.world_size
+    version = strategy.broadcast(uuid.uuid4().hex, src=0)
+    staged = staging_dir_for(trainer) / f"{version}.tmp"
+    error: BaseException | None = None
+    try:
+        target = staged / f"{_RANK_PREFIX}{rank}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        check_disk_space(target.parent, dump_nbytes(replay_buffer, pending_batches), inline=False)
+        manifest = dump_buffer(
+            replay_buffer,
+            target,
+            pending_batches=pending_batches,
+            extra={"rank": rank, "world_size": world_size},
+        )
+    except Exception as caught:  # every rank must reach the decision below, or all hang
+        error = caught
+    if not strategy.reduce_boolean_decision(error is None, all=True):
+        if rank == 0:
+            shutil.rmtree(staged, ignore_errors=True)
+        if error is not None:
+            raise error
+        raise BufferCheckpointError(
+            "Another DDP rank failed to write its replay buffer for this checkpoint (see "
+            "that rank's error); nothing was saved and the previous checkpoint is intact."
+        )
+    return RankDumpsRequest(staged, version, world_size, manifest)
+
+
+class RankDumpsRequest(BufferDumpRequest):
+    """The per-rank dumps of one DDP checkpoint, staged and complete; moved in :meth:`write`."""
+
+    def __init__(
+        self, staged: Path, version: str, world_size: int, manifest: dict[str, Any]
+    ) -> None:
+        self.staged, self.version, self.world_size = staged, version, world_size
+        self.manifest = manifest
+
+    def write(self, directory: Path) -> dict[str, Any]:
+        """Move the staged version to ``directory/<version>`` (one rename); return the reference."""
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_versions(directory)
+        final = directory / self.version
+        try:
+            os.replace(self.staged, final)
+        except OSError:  # another filesystem: copy under a temporary name, then rename
+            copy = directory / f"{self.version}.tmp"
+            shutil.copytree(self.staged, copy)
+            os.replace(copy, final)
+            shutil.rmtree(self.staged, ignore_errors=True)
+        # Saves of one run do not overlap: what else is staged belongs to dead saves.
+        for leftover in self.staged.parent.glob("*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.staged.parent.rmdir()
+        return {
+            "location": "beside",
+            "dir": directory.name,
+            "version": self.version,
+            "world_size": self.world_size,
+            "len": self.manifest["len"],
+            "write_count": self.manifest["write_count"],
+        }
+
+
+def staging_dir_for(trainer: Any) -> Path:
+    """Where DDP ranks stage their dumps: beside the checkpoints (``ModelCheckpoint.dirpath``)."""
+    callback = getattr(trainer, "checkpoint_callback", None)
+    root = getattr(callback, "dirpath", None) or trainer.default_root_dir
+    return Path(root) / _STAGING_DIR
+
+
 def restore_buffer_state(
     replay_buffer: ReplayBuffer,
     state: dict[str, Any],
     checkpoint_path: str | os.PathLike | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> list[TensorDictBase]:
-    """Inverse of :func:`buffer_state`; returns the pending batches to hand out first."""
+    """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
+
+    ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
+    run holds one buffer per rank; each rank restores its own, and a different
+    world size raises :class:`BufferCheckpointError`.
+    """
     location = state.get("location")
     if location == "remote":
         return []
+    saved_world = int(state.get("world_size", 1))
+    if saved_world != world_size:
+        raise BufferCheckpointError(
+            f"The checkpoint holds the replay buffers of {saved_world} process(es) (one per "
+            f"DDP rank), and it is being resumed with world_size={world_size}. Each rank "
+            "restores the buffer it saved, so the number of processes must match: resume "
+            f"with Trainer(devices=..., num_nodes=...) giving {saved_world} process(es) in "
+            "all, or start a new run and refill the buffers."
+        )
     if location == "inline":
         with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
             unpack_directory(state["archive"], tmp)
             return load_buffer(replay_buffer, tmp)
     if location == "beside":
-        return load_buffer(replay_buffer, resolve_reference(state, checkpoint_path))
+        root = resolve_reference(state, checkpoint_path)
+        if "world_size" in state:
+            root = root / f"{_RANK_PREFIX}{rank}"
+        return load_buffer(replay_buffer, root)
     raise BufferCheckpointError(
         f"Unknown replay-buffer location {location!r} in the checkpoint (expected 'inline' or "
         "'beside'); was it written by a newer rb_lightning?"

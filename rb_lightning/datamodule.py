@@ -29,6 +29,7 @@ from rb_lightning.checkpoint import (
     buffer_state,
     ensure_generator,
     install_checkpoint_io,
+    rank_buffer_state,
     restore_buffer_state,
 )
 from rb_lightning.dataset import (
@@ -339,7 +340,7 @@ class ReplayBufferDataModule(LightningDataModule):
                 "Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
                 "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int> (in a "
                 "config: trainer.limit_train_batches, trainer.max_steps, "
-                "data.init_args.num_batches)."
+                "data.init_args.num_batches).",
             )
 
     # -- data -------------------------------------------------------------------------------
@@ -501,7 +502,9 @@ class ReplayBufferDataModule(LightningDataModule):
         saved step. Small buffers are packed into the ``.ckpt``; larger ones
         (``checkpoint_inline_max_bytes``) are written beside it by
         :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which this installs
-        on the Trainer.
+        on the Trainer. Under DDP every rank's buffer is written beside it, one
+        directory per rank (all ranks call this: Lightning's ``save_checkpoint``
+        runs on every rank).
         """
         stream = self._stream.state_dict()
         if is_remote(self.replay_buffer):
@@ -509,15 +512,19 @@ class ReplayBufferDataModule(LightningDataModule):
             # every rank saving it would race. Only this rank's progress is stored.
             return {"batches_served": stream["batches_served"], "stream": stream, "buffer": None}
         install_checkpoint_io(self.trainer)
-        return {
-            "batches_served": stream["batches_served"],
-            "stream": stream,
-            "buffer": buffer_state(
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            # One buffer per rank, each saved by its rank and restored to it (collective).
+            buffer = rank_buffer_state(
+                self.replay_buffer, trainer, pending_batches=self._stream.read_ahead()
+            )
+        else:
+            buffer = buffer_state(
                 self.replay_buffer,
                 inline_max_bytes=self.checkpoint_inline_max_bytes,
                 pending_batches=self._stream.read_ahead(),
-            ),
-        }
+            )
+        return {"batches_served": stream["batches_served"], "stream": stream, "buffer": buffer}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`: the buffer is replaced by the saved one.
@@ -534,8 +541,15 @@ class ReplayBufferDataModule(LightningDataModule):
         buffer = state_dict.get("buffer")
         if buffer is not None:
             install_checkpoint_io(self.trainer)
-            ckpt_path = self.trainer.ckpt_path if self.trainer is not None else None
-            self._stream.replay_first(restore_buffer_state(self.replay_buffer, buffer, ckpt_path))
+            trainer = self.trainer
+            restored = restore_buffer_state(
+                self.replay_buffer,
+                buffer,
+                trainer.ckpt_path if trainer is not None else None,
+                rank=trainer.global_rank if trainer is not None else 0,
+                world_size=trainer.world_size if trainer is not None else 1,
+            )
+            self._stream.replay_first(restored)
 
     def __repr__(self) -> str:
         return (
