@@ -166,7 +166,7 @@ class ReplayBufferCLI(LightningCLI):
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured
         ):
-            added.append(StepProgressBar())
+            added.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
         reports = [cb for cb in configured if isinstance(cb, RunReport)]
         if not reports:
             reports = [RunReport()]

@@ -96,7 +96,8 @@ class RunReport(Callback):
                     metrics_file.parent / CURVES_FILE,
                     metrics=self.curves,
                     x=self.curve_x,
-                    title=f"{type(trainer.lightning_module).__name__}, {metrics_file.parent}",
+                    title=f"{type(trainer.lightning_module).__name__}, "
+                    f"{metrics_file.parent.parent.name}/{metrics_file.parent.name}",
                 )
             except ImportError as err:
                 curve_note = f"not drawn: {err}"

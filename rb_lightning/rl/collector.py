@@ -12,12 +12,14 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning._validation import (
+    check_keys,
     check_non_negative_int,
     check_positive_int,
     check_replay_buffer,
@@ -104,6 +106,10 @@ class OnlineCollector(Callback):
         seed: Seed for the environment. ``None``: drawn from torch's global
             generator, so ``seed_everything`` makes the run reproducible.
         exclude_keys: Keys of collected frames that are not written to the buffer.
+        keys: The only keys written to the buffer (nested keys as lists in YAML,
+            ``[next, reward]``); ``None``: all. Storing only what the learner
+            reads makes every sample (and checkpoint) cheaper: a CartPole
+            frame from the collector has some 20 entries, DQN reads 6.
         n_steps: Store n-step transitions (torchrl's ``MultiStep``): the reward
             is the discounted sum of the next ``n_steps`` rewards, ``("next", ...)``
             the state ``n_steps`` later (or the episode's end), and
@@ -144,6 +150,7 @@ class OnlineCollector(Callback):
         replay_buffer: ReplayBuffer | None = None,
         seed: int | None = None,
         exclude_keys: list[str] | None = None,
+        keys: list[NestedKey] | None = None,
         n_steps: int = 1,
         gamma: float | None = None,
     ) -> None:
@@ -173,6 +180,7 @@ class OnlineCollector(Callback):
         self.replay_buffer = None if replay_buffer is None else check_replay_buffer(replay_buffer)
         self.seed = seed
         self.exclude_keys = list(exclude_keys or [])
+        self.keys = check_keys(keys)
         self.n_steps = check_positive_int(n_steps, "n_steps")
         self.gamma = gamma
         self._multi_step: MultiStep | None = None
@@ -343,6 +351,8 @@ class OnlineCollector(Callback):
             # After the episode count: n-step targets move ("next", "done") n steps ahead.
             frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
         frames = frames.reshape(-1)
+        if self.keys is not None:
+            frames = frames.select(*self.keys)
         if self.exclude_keys:
             frames = frames.exclude(*self.exclude_keys)
         self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"

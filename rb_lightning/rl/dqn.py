@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,9 @@ from torchrl.modules import MLP, EGreedyModule, QValueModule
 
 from rb_lightning._validation import check_positive_int
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
+
+
+_ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
 
 class DQN(EvaluatesEpisodes, LightningModule):
@@ -36,6 +40,9 @@ class DQN(EvaluatesEpisodes, LightningModule):
 
     Keyword Args:
         hidden_sizes: Widths of the Q-network's hidden layers.
+        activation: Activation between hidden layers: ``"tanh"`` (torchrl's
+            ``MLP`` default) or ``"relu"``. A name, not a class, so the
+            hyperparameters in a checkpoint stay plain data.
         lr: Adam learning rate.
         gamma: Discount factor.
         target_update_interval: Update the target network every this many steps.
@@ -66,6 +73,7 @@ class DQN(EvaluatesEpisodes, LightningModule):
         num_actions: int,
         *,
         hidden_sizes: list[int] | None = None,
+        activation: Literal["tanh", "relu"] = "tanh",
         lr: float = 1e-3,
         gamma: float = 0.99,
         target_update_interval: int = 500,
@@ -82,6 +90,8 @@ class DQN(EvaluatesEpisodes, LightningModule):
         check_positive_int(num_actions, "num_actions")
         check_positive_int(target_update_interval, "target_update_interval")
         check_positive_int(eps_decay_steps, "eps_decay_steps")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}.")
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
         if not 0.0 <= eps_end <= eps_start <= 1.0:
@@ -94,7 +104,12 @@ class DQN(EvaluatesEpisodes, LightningModule):
         self.save_hyperparameters(ignore=["evaluation"])
         self.evaluation = evaluation if evaluation is not None else Evaluation()
         hidden = [128, 128] if hidden_sizes is None else list(hidden_sizes)
-        self.q_net = MLP(in_features=observation_size, out_features=num_actions, num_cells=hidden)
+        self.q_net = MLP(
+            in_features=observation_size,
+            out_features=num_actions,
+            num_cells=hidden,
+            activation_class=_ACTIVATIONS[activation],
+        )
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.exploration = EGreedyModule(
             Categorical(num_actions), eps_init=float(eps_start), eps_end=float(eps_end)

@@ -17,6 +17,7 @@ own ``val_dataloader``/``test_dataloader``, so from the command line::
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -92,6 +93,8 @@ class Evaluation:
         """One batch per episode (its seed); empty during ``fit`` unless ``during_fit``."""
         trainer = module.trainer
         if trainer.state.fn == "fit" and not self.during_fit:
+            # No evaluation during fit: Lightning's note that this loader is empty is expected.
+            warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
             return []
         return DataLoader(_EpisodeSeeds(self.num_episodes, self.seed), batch_size=None)
 
