@@ -16,7 +16,6 @@ from torchrl.modules import MLP, EGreedyModule, QValueModule
 from rb_lightning._validation import check_positive_int
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 
-
 _ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
 
@@ -91,7 +90,9 @@ class DQN(EvaluatesEpisodes, LightningModule):
         check_positive_int(target_update_interval, "target_update_interval")
         check_positive_int(eps_decay_steps, "eps_decay_steps")
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}.")
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}."
+            )
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
         if not 0.0 <= eps_end <= eps_start <= 1.0:
