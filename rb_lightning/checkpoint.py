@@ -64,15 +64,17 @@ import pickle
 import shutil
 import tarfile
 import tempfile
+import threading
 import uuid
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
@@ -894,6 +896,95 @@ def resolve_reference(reference: dict[str, Any], checkpoint_path: str | os.PathL
     return Path(os.path.realpath(checkpoint_path)).parent / reference["dir"] / reference["version"]
 
 
+#: Key of the save's number in the checkpoint dict, from :class:`BufferCheckpointIO` to
+#: the writer that commits it; removed before the ``.ckpt`` is written.
+_SAVE_KEY = "rb_lightning_save"
+
+
+class _SaveLedger:
+    """Saves handed to the ``.ckpt`` writer, and what each makes obsolete once it is written.
+
+    Saves are numbered in the order :class:`BufferCheckpointIO` hands them on; the
+    writer (this thread, or ``AsyncCheckpointIO``'s one worker thread) writes them
+    in that order and calls :meth:`finish` after each. Older buffer versions and
+    checkpoints Lightning asked to remove are deleted only then, so until a new
+    ``.ckpt`` is on disk the previous one keeps its buffer.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._submitted = 0
+        self._finished = 0
+        self._obsolete: dict[int, list[Path]] = {}
+        self._removals: list[tuple[int, Callable[[], None]]] = []
+
+    def submit(self, obsolete: list[Path]) -> int:
+        """Number a save; ``obsolete``: what to delete once its ``.ckpt`` is written."""
+        with self._lock:
+            self._submitted += 1
+            self._obsolete[self._submitted] = obsolete
+            return self._submitted
+
+    def defer(self, removal: Callable[[], None]) -> bool:
+        """Run ``removal`` after the saves handed on so far; ``False``: none pending, run it now."""
+        with self._lock:
+            if self._finished >= self._submitted:
+                return False
+            self._removals.append((self._submitted, removal))
+            return True
+
+    def finish(self, number: int | None, *, written: bool) -> None:
+        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals.
+
+        A save that failed deletes nothing, and the removals that waited for it are
+        dropped: the checkpoint Lightning meant to replace stays complete.
+        """
+        with self._lock:
+            if number is None:  # a checkpoint that did not come through BufferCheckpointIO
+                return
+            obsolete = self._obsolete.pop(number, [])
+            self._finished = max(self._finished, number)
+            due = [removal for after, removal in self._removals if after <= number]
+            self._removals = [entry for entry in self._removals if entry[0] > number]
+        if not written:
+            return
+        for entry in obsolete:
+            shutil.rmtree(entry, ignore_errors=True)
+        for removal in due:
+            removal()
+
+
+class _CommitAfterWrite(CheckpointIO):
+    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger.
+
+    Sits below ``AsyncCheckpointIO`` (so it runs in its thread, after the write) or
+    directly below :class:`BufferCheckpointIO` (same thread).
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO, ledger: _SaveLedger) -> None:
+        self.checkpoint_io, self.ledger = checkpoint_io, ledger
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        number = checkpoint.pop(_SAVE_KEY, None)
+        try:
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        except BaseException:
+            self.ledger.finish(number, written=False)
+            raise
+        self.ledger.finish(number, written=True)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> Any:
+        return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.checkpoint_io.teardown()
+
+
 class BufferCheckpointIO(CheckpointIO):
     """A ``CheckpointIO`` that writes large replay buffers beside the checkpoint file.
 
@@ -903,13 +994,32 @@ class BufferCheckpointIO(CheckpointIO):
     the ``.ckpt``, then delete older versions. ``remove_checkpoint`` also
     removes ``<ckpt>.buffer``.
 
+    With Lightning's ``AsyncCheckpointIO`` (``Trainer(plugins=[AsyncCheckpointIO()])``)
+    the buffer is still dumped in the training thread (a snapshot of the step being
+    saved) and only the ``.ckpt`` is written in the background; older buffer
+    versions, and checkpoints Lightning removes (``save_top_k``), are deleted in
+    that thread after the new ``.ckpt`` is written. At every moment the newest
+    complete ``.ckpt`` has its buffer on disk.
+
     :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
     strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
     wrap a custom ``CheckpointIO``.
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
-        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self._ledger = _SaveLedger()
+        base = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        if isinstance(base, AsyncCheckpointIO):
+            # The commit must run after the background write, so it goes below the
+            # async layer: a fresh one of the same type around it (its thread starts
+            # at the first save, so nothing of the given one is lost).
+            writer = type(base)()
+            writer.checkpoint_io = _CommitAfterWrite(
+                base.checkpoint_io or TorchCheckpointIO(), self._ledger
+            )
+            self.checkpoint_io: CheckpointIO = writer
+        else:
+            self.checkpoint_io = _CommitAfterWrite(base, self._ledger)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -917,6 +1027,7 @@ class BufferCheckpointIO(CheckpointIO):
         directory = buffer_dir_for(path)
         # Leftovers of saves that died, beside any checkpoint of this directory
         # (each .ckpt has its own <ckpt>.buffer/, and the next save has a new name).
+        # Dumps are made in this thread, so no .tmp here belongs to a live save.
         for buffer_dir in directory.parent.glob(f"*{BUFFER_DIR_SUFFIX}"):
             remove_stale_versions(buffer_dir)
         written = []
@@ -924,23 +1035,30 @@ class BufferCheckpointIO(CheckpointIO):
             reference = request.write(directory)
             holder[key] = reference
             written.append(reference["version"])
-        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        # The new .ckpt refers to these versions only; older ones (an overwritten
+        # last.ckpt) go once it is written, maybe later in AsyncCheckpointIO's thread.
+        obsolete = []
         if written:
-            # The new .ckpt refers to these versions only; older ones (an overwritten
-            # last.ckpt) and leftovers of interrupted saves can go.
-            for entry in directory.iterdir():
-                if entry.name not in written:
-                    shutil.rmtree(entry, ignore_errors=True)
+            obsolete = [entry for entry in directory.iterdir() if entry.name not in written]
+        checkpoint[_SAVE_KEY] = self._ledger.submit(obsolete)
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> Any:
         checkpoint = self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+        checkpoint.pop(_SAVE_KEY, None)
         for reference in _find_references(checkpoint):
             reference["resolved"] = str(resolve_reference(reference, path))
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
-        self.checkpoint_io.remove_checkpoint(path)
-        shutil.rmtree(str(path) + BUFFER_DIR_SUFFIX, ignore_errors=True)
+        """Remove ``path`` and its buffer, after the saves still being written (async IO)."""
+
+        def remove() -> None:
+            self.checkpoint_io.remove_checkpoint(path)
+            shutil.rmtree(str(path) + BUFFER_DIR_SUFFIX, ignore_errors=True)
+
+        if not self._ledger.defer(remove):
+            remove()
 
     def teardown(self) -> None:
         self.checkpoint_io.teardown()
