@@ -352,11 +352,24 @@ class OnlineCollector(Callback):
             frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
         frames = frames.reshape(-1)
         if self.keys is not None:
-            frames = frames.select(*self.keys)
+            self._check_stored_keys(frames)
+            frames = frames.select(*self.keys, strict=False)
         if self.exclude_keys:
             frames = frames.exclude(*self.exclude_keys)
         self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"
         self.frames += frames.numel()
+
+    def _check_stored_keys(self, frames: TensorDictBase) -> None:
+        # "steps_to_next_obs" exists with n_steps > 1 only; a config may list it either way.
+        present = set(frames.keys(include_nested=True))
+        optional = {"steps_to_next_obs"} if self.n_steps == 1 else set()
+        missing = [k for k in self.keys or [] if k not in present and k not in optional]
+        if missing:
+            raise ValueError(
+                f"OnlineCollector(keys=...): {missing} are not in the collected frames, which "
+                f"have {sorted(present, key=str)}. Fix the names (nested keys are lists in YAML, "
+                "[next, reward]) or pass keys=None to store every key."
+            )
 
     def on_train_batch_end(
         self,

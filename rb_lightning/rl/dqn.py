@@ -160,7 +160,8 @@ class DQN(EvaluatesEpisodes, LightningModule):
             self.trainer.datamodule.update_priority(batch, td_error.abs())
         else:
             loss = per_item.mean()
-        if self.global_step % self.trainer.log_every_n_steps == 0:
+        # Lightning writes the logs after steps with (step + 1) % log_every_n_steps == 0.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             # self.log costs a metric update per call; log only when the logger writes.
             self.log("loss", loss.detach(), batch_size=q_taken.shape[0])
             self.log("epsilon", self.exploration.eps.item(), batch_size=q_taken.shape[0])

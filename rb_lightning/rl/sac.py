@@ -160,7 +160,8 @@ class SAC(EvaluatesEpisodes, LightningModule):
 
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         loss = critic_loss + actor_loss + alpha_loss
-        if self.global_step % self.trainer.log_every_n_steps == 0:
+        # Lightning writes the logs after steps with (step + 1) % log_every_n_steps == 0.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             size = obs.shape[0]
             self.log("critic_loss", critic_loss.detach(), batch_size=size)
             self.log("actor_loss", actor_loss.detach(), batch_size=size)
