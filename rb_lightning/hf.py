@@ -49,7 +49,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -58,10 +58,11 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
 from rb_lightning import _columns
-from rb_lightning._sharding import current_shard
+from rb_lightning._sharding import current_shard, is_remote
 from rb_lightning._validation import check_keys, check_positive_int, check_replay_buffer
 from rb_lightning.datamodule import AUTO, ReplayBufferDataModule
 from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferDataset
+from rb_lightning.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -74,8 +75,14 @@ INSTALL_HINT = 'pip install "rb-lightning[hf]"'
 DEFAULT_BATCH_SIZE = 256
 #: Storage slots read per slice when snapshotting or filling a buffer.
 CHUNK_SIZE = 8_192
-#: Shards of an unbounded stream: enough for DataLoader workers x ranks.
+#: Shards of an unbounded ``ranks="per_rank"`` stream: enough for DataLoader workers x ranks.
 DEFAULT_STREAM_SHARDS = 8
+#: Every process draws the same stream (same seed, same buffer content); Accelerate
+#: hands each process its slice of each global batch.
+IDENTICAL = "identical"
+#: Every process (and DataLoader worker) draws its own random stream from its own shards.
+PER_RANK = "per_rank"
+RANKS = (IDENTICAL, PER_RANK)
 #: Items read from storage to infer the features of a stream.
 _PROBE_SIZE = 16
 _UNSET: Any = object()
@@ -323,6 +330,10 @@ class _StreamSpec:
     schema: Any
     num_batches: int | None
     n_shards: int
+    ranks: str = PER_RANK
+    seed: int = 0
+    #: Passes started in this process (identical streams: part of each batch's seed).
+    passes: int = 0
 
 
 def _shard_batches(total: int, n_shards: int, shard: int) -> int:
@@ -330,29 +341,158 @@ def _shard_batches(total: int, n_shards: int, shard: int) -> int:
     return base + (1 if shard < extra else 0)
 
 
+def _batch_seed(seed: int, pass_: int, batch: int) -> int:
+    """A seed for one batch of an identical stream: a function of its position only."""
+    state = np.random.SeedSequence([seed, pass_, batch]).generate_state(1, np.uint64)[0]
+    return int(state) & (2**63 - 1)
+
+
 def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tuple[str, Any]]:
     """Generate one Arrow table per sampling call for the given shards."""
     (spec_,) = spec
     sampler = spec_.sampler
-    # A copy of the buffer in a worker process or on another rank: draw its own stream.
-    sampler._seed_replica(current_shard())
+    shard = current_shard()
+    identical = spec_.ranks == IDENTICAL
+    if identical:
+        pass_ = spec_.passes
+        spec_.passes += 1
+    else:
+        if shard.world_size > 1 and shard.worker_seed is None:  # a rank's own process
+            _refuse_group_trainer(shard.world_size)
+        # A copy of the buffer in a worker process or on another rank: draw its own stream.
+        sampler._seed_replica(shard)
     sampler._wait_until_ready()
     budget = None
     if spec_.num_batches is not None:
         budget = sum(_shard_batches(spec_.num_batches, spec_.n_shards, s) for s in shards)
+    rb = sampler.replay_buffer
     for drawn in count():
         if budget is not None and drawn >= budget:
             return
+        if identical:
+            # Re-seeded per batch, from (seed, pass, batch) only: every process draws the
+            # same batch whatever else sampled this buffer in between.
+            rb.set_rng(torch.Generator().manual_seed(_batch_seed(spec_.seed, pass_, drawn)))
         batch = sampler._sample()
         sampler.batches_served += 1
         yield f"{shards[0]}_{drawn}", _arrow_table(batch, spec_.columns, spec_.schema)
 
 
-def _stream(plan: _Plan, features: Any, columns: dict[str, NestedKey], n_shards: Any) -> Any:
+def _group_trainer() -> Any:
+    """The TRL trainer iterating this stream if it trains on groups (GRPO, RLOO), else None.
+
+    Read from the calling frames, and from the main thread's (``datasets``
+    reads streams in a prefetch thread while the trainer's loop waits in the
+    main thread): nothing else tells a dataset who consumes it.
+    """
+    import threading
+
+    stacks = [sys._getframe(1), sys._current_frames().get(threading.main_thread().ident)]
+    for frame in stacks:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if (
+                owner is not None
+                and type(owner).__module__.startswith("trl.")
+                and isinstance(getattr(owner, "num_generations", None), int)
+            ):
+                return owner
+            frame = frame.f_back
+    return None
+
+
+def _refuse_group_trainer(world_size: int) -> None:
+    trainer = _group_trainer()
+    if trainer is None:
+        return
+    raise UsageError(
+        "ranks",
+        f"to_hf_dataset(..., ranks='per_rank') gives each of the {world_size} processes its own "
+        f"random stream, but {type(trainer).__name__} builds each group of "
+        f"num_generations={trainer.num_generations} completions from one prompt repeated in a "
+        "stream that Accelerate slices across processes, so the groups would silently mix "
+        "prompts and the advantages would be wrong. Export with ranks='identical' (the default; "
+        "same seed and the same buffer content on every process, e.g. load_buffer of one dump) "
+        "or export a snapshot with streaming=False.",
+    )
+
+
+def _check_ranks(ranks: Any, seed: Any, n_shards: Any) -> tuple[str, int]:
+    if ranks not in RANKS:
+        raise UsageError(
+            "ranks",
+            f"ranks must be 'identical' (every process draws the same stream and takes its slice "
+            f"of each global batch) or 'per_rank' (each process its own stream), got {ranks!r}.",
+        )
+    if ranks == PER_RANK:
+        if seed is not None:
+            raise UsageError(
+                "seed",
+                "seed applies to ranks='identical' streams; ranks='per_rank' streams are seeded "
+                "per rank and DataLoader worker from torch's RNG. Drop seed, or pass "
+                "ranks='identical'.",
+            )
+        return ranks, 0
+    if n_shards not in (None, 1):
+        raise UsageError(
+            "n_shards",
+            f"n_shards={n_shards} with ranks='identical': an identical stream is one shard, so that "
+            "Accelerate slices each global batch across processes instead of giving each process "
+            "whole shards. Drop n_shards, or pass ranks='per_rank' to shard the stream.",
+        )
+    if seed is None:
+        return ranks, 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError("seed", f"seed must be a non-negative int, got {seed!r}.")
+    return ranks, seed
+
+
+def _check_identical_source(replay_buffer: ReplayBuffer) -> None:
+    """An identical stream needs draws that depend on the generator and the content only."""
+    from torchrl.data.replay_buffers.samplers import (
+        PrioritizedSampler,
+        RandomSampler,
+        SamplerWithoutReplacement,
+        SliceSampler,
+    )
+
+    if is_remote(replay_buffer):
+        raise UsageError(
+            "ranks",
+            "ranks='identical' needs a local copy of the buffer on every process, but this buffer "
+            "is served by a Ray actor that all processes share, so each process would draw "
+            "different batches. Dump it once and load_buffer the dump on every process, or "
+            "export a snapshot with streaming=False.",
+        )
+    sampler = replay_buffer.sampler
+    stateless = (RandomSampler, PrioritizedSampler, SliceSampler)
+    if isinstance(sampler, SamplerWithoutReplacement) or not isinstance(sampler, stateless):
+        raise UsageError(
+            "ranks",
+            f"ranks='identical' re-seeds the buffer before every batch so that all processes draw "
+            f"the same one, but {type(sampler).__name__} also draws from its own state (what it "
+            "already handed out), which a read-ahead on one process can advance more than on "
+            "another. To read every item once, export a snapshot (streaming=False); to sample, "
+            "use RandomSampler or PrioritizedSampler; or pass ranks='per_rank' (not for GRPO on "
+            "several processes).",
+        )
+
+
+def _stream(
+    plan: _Plan,
+    features: Any,
+    columns: dict[str, NestedKey],
+    n_shards: Any,
+    ranks: str,
+    seed: int,
+) -> Any:
     datasets, _ = _require_hf()
     from datasets.iterable_dataset import ArrowExamplesIterable
 
-    if n_shards is None:
+    if ranks == IDENTICAL:
+        _check_identical_source(plan.replay_buffer)
+        n_shards = 1
+    elif n_shards is None:
         n_shards = DEFAULT_STREAM_SHARDS
         if plan.num_batches is not None:
             n_shards = min(plan.num_batches, DEFAULT_STREAM_SHARDS)
@@ -370,7 +510,9 @@ def _stream(plan: _Plan, features: Any, columns: dict[str, NestedKey], n_shards:
         min_size=plan.min_size,
         wait_timeout=plan.wait_timeout,
     )
-    spec = _StreamSpec(sampler, columns, features.arrow_schema, plan.num_batches, n_shards)
+    spec = _StreamSpec(
+        sampler, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
+    )
     # Lists in the kwargs are shards for `datasets`; everything else goes in a tuple.
     iterable = ArrowExamplesIterable(
         _sampled_tables, {"shards": list(range(n_shards)), "spec": (spec,)}
@@ -425,6 +567,8 @@ def to_hf_dataset(
     batch_size: int | None = None,
     features: Mapping[str, Any] | None = None,
     n_shards: int | None = None,
+    ranks: Literal["identical", "per_rank"] = IDENTICAL,
+    seed: int | None = None,
 ) -> datasets.IterableDataset | datasets.Dataset:
     """A replay buffer as a Hugging Face dataset, for ``trl`` / ``transformers`` trainers.
 
@@ -448,23 +592,39 @@ def to_hf_dataset(
         features: ``{column: datasets feature}`` overriding the inferred ones
             (columns are named ``"a.b"`` for nested keys). Required when
             streaming from a buffer that is still empty.
-        n_shards: Streaming only: shards of the stream. Each DataLoader worker
-            and each rank (``datasets.distributed.split_dataset_by_node``)
-            takes whole shards, and the ``num_batches`` of a pass are divided
-            between shards, so a pass draws ``num_batches`` batches in total
-            whatever the number of workers. Default: ``min(num_batches, 8)``.
+        n_shards: Streaming with ``ranks="per_rank"`` only: shards of the
+            stream. Each DataLoader worker and each rank
+            (``datasets.distributed.split_dataset_by_node``, Accelerate when
+            ``n_shards >= num_processes``) takes whole shards, and the
+            ``num_batches`` of a pass are divided between shards, so a pass
+            draws ``num_batches`` batches in total whatever the number of
+            workers. Default: ``min(num_batches, 8)``.
+        ranks: Streaming only: what several processes (Accelerate,
+            ``torchrun``) read. ``"identical"`` (default): every process draws
+            the same stream, one shard, batch ``j`` of pass ``k`` sampled with
+            a generator seeded from ``(seed, k, j)``; given the same buffer
+            content on every process (load one dump on each), Accelerate's
+            per-process slice of each global batch gives disjoint,
+            group-consistent rows: right for every TRL trainer, required by
+            ``GRPOTrainer``. ``"per_rank"``: each process and DataLoader worker
+            draws its own random stream from its own shards (several workers
+            read in parallel; right when each rank holds its own buffer, for
+            SFT / DPO / ``Trainer``). A group trainer (GRPO, RLOO) iterating a
+            ``"per_rank"`` stream on several processes raises
+            :class:`~rb_lightning.UsageError`: its groups would mix prompts.
+        seed: ``ranks="identical"`` only: the stream's seed (default 0); give
+            every process the same.
 
     Returns:
         ``datasets.IterableDataset`` (streaming) or ``datasets.Dataset``.
 
     Raises:
         ImportError: Without the ``hf`` extra (``pip install "rb-lightning[hf]"``).
+        UsageError: ``ranks`` / ``seed`` / ``n_shards`` that do not fit together.
 
     Notes:
         Trainers need ``max_steps`` with a streaming dataset (it has no
-        length). For ``trl.GRPOTrainer`` under several processes, export a
-        snapshot (``streaming=False``): a randomly sampled stream gives each
-        rank different prompts, which breaks GRPO's per-prompt groups.
+        length). See docs/trl.md for which ``ranks`` each trainer needs.
 
     Examples:
         >>> import torch
@@ -475,12 +635,21 @@ def to_hf_dataset(
         >>> ds = to_hf_dataset(rb, streaming=True, batch_size=4, num_batches=3)
         >>> ds.features["input_ids"], sum(1 for _ in ds)
         (List(Value('int64'), length=4), 12)
+
+        Every process building the same export of the same content reads the same rows:
+
+        >>> _ = rb.extend(TensorDict({"input_ids": torch.arange(40).reshape(10, 4)}, [10]))
+        >>> rows = lambda d: [r["input_ids"][0] for r in d]
+        >>> rows(to_hf_dataset(rb, batch_size=4, num_batches=2, seed=7)) == rows(
+        ...     to_hf_dataset(rb, batch_size=4, num_batches=2, seed=7))
+        True
     """
     _require_hf()
     plan = _plan(source, batch_size, keys, num_batches)
     resolved, columns = _resolve_features(plan, features)
     if streaming:
-        return _stream(plan, resolved, columns, n_shards)
+        ranks, stream_seed = _check_ranks(ranks, seed, n_shards)
+        return _stream(plan, resolved, columns, n_shards, ranks, stream_seed)
     if n_shards is not None:
         raise ValueError(
             "n_shards applies to streaming=True only; shard a snapshot with "
@@ -668,7 +837,14 @@ def _is_prefix(key: NestedKey, stored: list[NestedKey]) -> bool:
     return any(isinstance(s, tuple) and s[: len(parts)] == parts for s in stored)
 
 
-__all__ = ["export_main", "from_hf_dataset", "infer_features", "to_hf_dataset"]
+__all__ = [
+    "IDENTICAL",
+    "PER_RANK",
+    "export_main",
+    "from_hf_dataset",
+    "infer_features",
+    "to_hf_dataset",
+]
 
 
 if __name__ == "__main__":  # python -m rb_lightning.hf BUFFER OUT

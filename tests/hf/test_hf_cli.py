@@ -45,9 +45,14 @@ def test_export_of_a_saved_buffer_with_selected_keys(tmp_path, arithmetic_rb):
     assert list(loaded["prompt"]) == expected_rows(arithmetic_rb)[0]
 
 
-def test_export_names_what_it_accepts(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No replay buffer"):
-        export_main([str(tmp_path / "missing"), str(tmp_path / "hf")])
+def test_export_names_what_it_accepts(tmp_path, capsys):
+    # One paragraph and exit code 2 (like argparse's own errors), naming BUFFER and the fix.
+    assert export_main([str(tmp_path / "missing"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "error: BUFFER" in err and "No replay buffer" in err
+    assert "rb.dumps(path)" in err and "Traceback" not in err and err.count("\n") == 1
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="dumps"):
-        export_main([str(tmp_path / "empty"), str(tmp_path / "hf")])
+    assert export_main([str(tmp_path / "empty"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "error: BUFFER" in err and "storage_metadata.json" in err and "rb.dumps(path)" in err
+    assert not (tmp_path / "hf").exists()

@@ -114,8 +114,8 @@ def test_sources_give_their_sampling_arguments(tensor_rb):
         to_hf_dataset([1, 2, 3])
     with pytest.raises(ValueError, match="num_batches"):
         to_hf_dataset(tensor_rb, num_batches=0)
-    with pytest.raises(ValueError, match="n_shards"):
-        to_hf_dataset(tensor_rb, num_batches=2, n_shards=3)
+    with pytest.raises(ValueError, match="n_shards=3 exceeds num_batches=2"):
+        to_hf_dataset(tensor_rb, num_batches=2, n_shards=3, ranks="per_rank")
 
 
 class _NoPickle:
@@ -140,7 +140,7 @@ def test_export_never_hashes_or_pickles_the_buffer(tensor_rb):
 def test_dataloader_workers_split_batches_without_duplicates():
     rb = ReplayBuffer(storage=LazyTensorStorage(100))
     rb.extend(make_transitions(100))
-    stream = to_hf_dataset(rb, keys=["id"], batch_size=5, num_batches=6)
+    stream = to_hf_dataset(rb, keys=["id"], batch_size=5, num_batches=6, ranks="per_rank")
     assert stream.num_shards == 6
     loader = DataLoader(stream, batch_size=5, num_workers=2, multiprocessing_context="fork")
     batches = list(loader)
@@ -157,7 +157,9 @@ def test_split_by_node_covers_a_pass_once():
 
     rb = ReplayBuffer(storage=LazyTensorStorage(100))
     rb.extend(make_transitions(100))
-    stream = to_hf_dataset(rb, keys=["id"], batch_size=5, num_batches=4, n_shards=4)
+    stream = to_hf_dataset(
+        rb, keys=["id"], batch_size=5, num_batches=4, n_shards=4, ranks="per_rank"
+    )
     counts = [len(list(split_dataset_by_node(stream, rank, 2))) for rank in (0, 1)]
     assert counts == [10, 10]
     snapshot = to_hf_dataset(rb, streaming=False, keys=["id"])
@@ -209,6 +211,7 @@ def test_importing_the_library_does_not_import_hf_packages():
     # Not "transformers": lightning's torchmetrics imports it whenever it is installed.
     code = (
         "import sys, rb_lightning, rb_lightning.hf, rb_lightning.llm.data; "
+        "import rb_lightning.checkpoint, rb_lightning.trl_rollouts; "
         "print(sorted(m for m in ('datasets', 'trl', 'pyarrow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -222,3 +225,53 @@ def test_non_tensor_stack_prompt_arrives_as_str_in_stream():
     assert {r["prompt"] for r in rows} <= {"a", "b"} and all(
         isinstance(r["x"], float) for r in rows
     )
+
+
+# -- ranks="identical": the stream every process agrees on -----------------------------------------
+def ids_of(stream):
+    return [row["id"] for row in stream]
+
+
+def test_identical_streams_agree_across_exports_and_passes_differ(tensor_rb):
+    first = to_hf_dataset(tensor_rb, keys=["id"], batch_size=8, num_batches=3, seed=11)
+    second = to_hf_dataset(tensor_rb, keys=["id"], batch_size=8, num_batches=3, seed=11)
+    assert first.num_shards == 1  # so Accelerate slices each global batch across processes
+    pass0 = ids_of(first)
+    tensor_rb.sample(32)  # other users of the buffer between batches change nothing
+    assert ids_of(second) == pass0
+    pass1 = ids_of(first)
+    assert pass1 != pass0  # each pass of one export is a new draw, numbered the same everywhere
+    assert ids_of(second) == pass1
+    other_seed = to_hf_dataset(tensor_rb, keys=["id"], batch_size=8, num_batches=3, seed=12)
+    assert ids_of(other_seed) != pass0
+
+
+def test_identical_stream_slices_give_disjoint_positions(tensor_rb):
+    from datasets.distributed import split_dataset_by_node
+
+    full = ids_of(to_hf_dataset(tensor_rb, keys=["id"], batch_size=6, num_batches=2))
+    parts = [
+        ids_of(split_dataset_by_node(to_hf_dataset(tensor_rb, keys=["id"], batch_size=6,
+                                                   num_batches=2), rank, 2))
+        for rank in (0, 1)
+    ]  # fmt: skip
+    assert parts == [full[0::2], full[1::2]]  # every row read by exactly one process
+
+
+def test_identical_stream_refusals_name_the_argument_and_the_fix(tensor_rb):
+    from torchrl.data.replay_buffers import SamplerWithoutReplacement
+
+    from rb_lightning import UsageError
+
+    with pytest.raises(UsageError, match="n_shards=4 with ranks='identical'.*ranks='per_rank'"):
+        to_hf_dataset(tensor_rb, num_batches=4, n_shards=4)
+    with pytest.raises(UsageError, match="seed applies to ranks='identical'"):
+        to_hf_dataset(tensor_rb, ranks="per_rank", seed=3)
+    with pytest.raises(UsageError, match="ranks must be 'identical'"):
+        to_hf_dataset(tensor_rb, ranks="same")
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=SamplerWithoutReplacement())
+    rb.extend(make_transitions(10))
+    with pytest.raises(UsageError, match="SamplerWithoutReplacement.*streaming=False") as err:
+        to_hf_dataset(rb)
+    assert err.value.argument == "ranks"
+    assert len(list(to_hf_dataset(rb, ranks="per_rank", num_batches=2, batch_size=2))) == 4
