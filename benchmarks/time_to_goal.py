@@ -382,7 +382,7 @@ def format_table(task: Task, results: list[RunResult]) -> str:
         "ours": f"ours (`{task.config}`)",
     }
     rows = [f"### {task.name}: time to mean return ≥ {task.goal:g} over 10 episodes", "", HEADER]
-    for r in results:
+    for r in sorted(results, key=lambda r: (SIDES.index(r.side), r.seed)):
         reached = {True: "yes", False: "no", None: "?"}[r.reached]
         if r.notes:
             reached += f" ({'; '.join(r.notes)})"
@@ -466,10 +466,15 @@ def main(argv: list[str] | None = None) -> str:
         for task in tasks:
             cap = args.max_steps or (task.quick_steps if args.quick else None)
             results = []
-            for side in SIDES:
-                if side not in args.runs or (side == "template" and task.reference_agent != "dqn"):
-                    continue
-                for seed in args.seeds:
+            # Seed by seed, the sides back to back: a change in machine load between phases
+            # would otherwise favour one side.
+            sides = [
+                side
+                for side in SIDES
+                if side in args.runs and not (side == "template" and task.reference_agent != "dqn")
+            ]
+            for seed in args.seeds:
+                for side in sides:
                     print(f"[{task.name}] {side} seed {seed} ...", file=sys.stderr, flush=True)
                     result = run_one(
                         task,
