@@ -66,7 +66,6 @@ import tarfile
 import tempfile
 import threading
 import uuid
-import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,8 +103,10 @@ _LIST_DIR = "items"
 _EMPTY = "empty_buffer"  # no data yet: writer, sampler and generator state
 _WHOLE_STORAGE = "whole_storage"  # a wrapped tensor storage, written by its checkpointer
 _TRANSFORM_STATE = "transform.t"  # a transform's state_dict: loaded with weights_only=True
+# torchrl's own ``dumps`` layout: written by a Ray buffer's actor, and by earlier versions.
+_TORCHRL_DUMPS = "torchrl_dumps"
+_REMOTE_EMPTY = "remote_empty"  # a Ray buffer with no data: nothing but the manifest
 # Kinds written by earlier versions, still read (pickles only through safe loaders).
-_LEGACY_TORCHRL_DUMPS = "torchrl_dumps"
 _LEGACY_PREFETCH = "prefetch.pkl"
 _LEGACY_LIST = "list_state_dict"
 _LEGACY_LIST_STATE = "list_storage_state.pt"
@@ -423,7 +424,9 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
         _load_components(replay_buffer, root, manifest, sampler=False)
     elif kind == _LEGACY_EMPTY:
         _load_legacy_empty(replay_buffer, root)
-    elif kind in (_WHOLE_STORAGE, _LEGACY_TORCHRL_DUMPS):
+    elif kind == _REMOTE_EMPTY:
+        replay_buffer.empty()
+    elif kind in (_WHOLE_STORAGE, _TORCHRL_DUMPS):
         _require(
             isinstance(replay_buffer.storage, TensorStorage),
             root,
@@ -472,21 +475,31 @@ def buffer_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
     Storage, sampler and writer classes, the capacity and the sampler's settings
     (``alpha``, ``beta``, ``eps``, ``max_capacity`` of a ``PrioritizedSampler``;
     ``drop_last``, ``shuffle`` of a ``SamplerWithoutReplacement``). Recorded in
-    every dump's manifest and compared on load by :func:`check_same_build`.
+    every dump's manifest and compared on load by :func:`check_same_build`. For a
+    Ray buffer (:func:`is_remote`) it is read inside the actor.
     """
-    sampler = replay_buffer.sampler
-    settings = {}
-    for attribute, name in _SAMPLER_SETTINGS.items():
-        value = getattr(sampler, attribute, None)
-        if isinstance(value, (bool, int, float)):
-            settings[name] = value
-    return {
-        "storage": type(replay_buffer.storage).__name__,
-        "capacity": int(replay_buffer.storage.max_size),
-        "sampler": type(sampler).__name__,
-        "sampler_settings": settings,
-        "writer": type(replay_buffer.writer).__name__,
+    if is_remote(replay_buffer):
+        from rb_lightning.ray import remote_build
+
+        parts = remote_build(replay_buffer, list(_SAMPLER_SETTINGS))
+        attributes = parts.pop("sampler_attributes")
+    else:
+        sampler = replay_buffer.sampler
+        parts = {
+            "storage": type(replay_buffer.storage).__name__,
+            "capacity": int(replay_buffer.storage.max_size),
+            "sampler": type(sampler).__name__,
+            "writer": type(replay_buffer.writer).__name__,
+        }
+        attributes = {
+            attribute: getattr(sampler, attribute, None) for attribute in _SAMPLER_SETTINGS
+        }
+    settings = {
+        name: attributes[attribute]
+        for attribute, name in _SAMPLER_SETTINGS.items()
+        if isinstance(attributes.get(attribute), (bool, int, float))
     }
+    return {**parts, "sampler_settings": settings}
 
 
 def check_same_build(saved: dict[str, Any] | None, replay_buffer: ReplayBuffer, root: Path) -> None:
@@ -677,7 +690,7 @@ def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[
             f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
             "storage type and max_size, same sampler and writer types."
         ) from error
-    if manifest["kind"] == _LEGACY_TORCHRL_DUMPS and (root / "buffer_metadata.json").exists():
+    if manifest["kind"] == _TORCHRL_DUMPS and (root / "buffer_metadata.json").exists():
         manifest = {**manifest, **json.loads((root / "buffer_metadata.json").read_text())}
     _load_components(replay_buffer, root, manifest)
     if (root / _TRANSFORM_STATE).exists():
@@ -1101,17 +1114,12 @@ def buffer_state(
 
     Inline (a packed dump) when the storage holds at most ``inline_max_bytes``
     bytes or is a ``ListStorage``; otherwise a :class:`BufferDumpRequest` that
-    :class:`BufferCheckpointIO` writes beside the ``.ckpt``. A remote buffer
-    (:func:`is_remote`) is not saved: its actor keeps the content.
+    :class:`BufferCheckpointIO` writes beside the ``.ckpt``. A Ray buffer
+    (:func:`is_remote`) is always written beside, by its actor (see
+    :func:`remote_buffer_state` for who writes it under DDP).
     """
     if is_remote(replay_buffer):
-        warnings.warn(
-            f"The replay buffer is remote ({type(replay_buffer).__name__}): its content lives in "
-            "its Ray actor and is not part of this checkpoint. A resumed run sees whatever the "
-            "actor holds then; save it with the actor's dumps() if it must survive the cluster.",
-            stacklevel=2,
-        )
-        return {"location": "remote"}
+        return RemoteDumpRequest(replay_buffer)  # always beside: the actor writes it
     ensure_generator(replay_buffer)
     small = buffer_nbytes(replay_buffer) <= inline_max_bytes
     if not small and not isinstance(replay_buffer.storage, ListStorage):
@@ -1215,6 +1223,165 @@ def staging_dir_for(trainer: Any) -> Path:
     callback = getattr(trainer, "checkpoint_callback", None)
     root = getattr(callback, "dirpath", None) or trainer.default_root_dir
     return Path(root) / _STAGING_DIR
+
+
+# -- Ray-served buffers -------------------------------------------------------------------------
+def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> dict[str, Any]:
+    """Have a Ray buffer's actor write its content to the new directory ``path``; return the manifest.
+
+    The actor writes with torchrl's ``dumps`` (memmaps and JSON; the one pickle it
+    writes, an empty prefetch state, holds plain values only and is checked as
+    such), in one actor call, so a collector's writes land before or after it.
+    ``path`` must be reachable from the actor's process (same machine or a shared
+    filesystem). The manifest is written by this process afterwards.
+    """
+    from rb_lightning.ray import dump_in_actor
+
+    root = Path(path).absolute()
+    build = buffer_build(replay_buffer)
+    length, write_count = dump_in_actor(replay_buffer, str(root))
+    if not root.is_dir():
+        raise BufferCheckpointError(
+            f"The Ray replay buffer's actor wrote its checkpoint to {root}, and this process "
+            "does not see it there: the actor runs on another machine. Save checkpoints to "
+            "a filesystem that the actor's node and the rank-0 trainer share "
+            "(ModelCheckpoint(dirpath=...) on a shared mount), or run the actor on the "
+            "rank-0 node (named_actor_config(..., resources=...))."
+        )
+    _refuse_pickles(root, written=True)
+    return _write_manifest(
+        root,
+        {
+            "kind": _TORCHRL_DUMPS if length else _REMOTE_EMPTY,
+            "len": length,
+            "write_count": write_count,
+            "pending_batches": 0,
+            "build": build,
+            "remote": True,
+        },
+    )
+
+
+def load_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
+    """Replace a Ray buffer's content, in its actor, with a :func:`dump_remote_buffer` directory.
+
+    Verified here first (manifest, no file that could run code, same build); the
+    actor then reads it with torchrl's ``loads``, so ``path`` must be reachable from
+    the actor's process.
+    """
+    from rb_lightning.ray import load_in_actor
+
+    root = Path(path).absolute()
+    manifest = read_manifest(root)
+    if manifest["kind"] not in (_TORCHRL_DUMPS, _REMOTE_EMPTY):
+        raise BufferCheckpointError(
+            f"The checkpoint's replay buffer ({root}) was saved from a buffer in the training "
+            "process, and the DataModule now holds a Ray buffer (service_backend='ray'). "
+            "Resume with the same kind of buffer as the saved run, or start a new run."
+        )
+    _refuse_pickles(root)
+    check_same_build(manifest.get("build"), replay_buffer, root)
+    empty = manifest["kind"] == _REMOTE_EMPTY
+    length, write_count = load_in_actor(replay_buffer, None if empty else str(root))
+    if length != manifest["len"] or (not empty and write_count != manifest["write_count"]):
+        raise BufferCheckpointError(
+            f"The Ray replay buffer restored from {root} holds {length} items (write_count "
+            f"{write_count}), its manifest says {manifest['len']} ({manifest['write_count']})."
+        )
+
+
+class RemoteDumpRequest(BufferDumpRequest):
+    """A Ray buffer, dumped by its actor beside the ``.ckpt`` when :class:`BufferCheckpointIO` saves.
+
+    Lightning runs ``CheckpointIO.save_checkpoint`` on global rank 0 only, so the
+    shared buffer is written once per checkpoint, whatever the number of ranks.
+    """
+
+    def __init__(self, replay_buffer: ReplayBuffer) -> None:
+        super().__init__(replay_buffer)
+
+    def write(self, directory: Path) -> dict[str, Any]:
+        """Dump into ``directory/<version>.tmp`` (by the actor), rename; return the reference."""
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_versions(directory)
+        version = uuid.uuid4().hex
+        staging = directory / f"{version}.tmp"
+        try:
+            manifest = dump_remote_buffer(self.replay_buffer, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        os.replace(staging, directory / version)
+        return {
+            "location": "beside",
+            "remote": True,
+            "dir": directory.name,
+            "version": version,
+            "len": manifest["len"],
+            "write_count": manifest["write_count"],
+        }
+
+    def __reduce__(self) -> Any:
+        raise BufferCheckpointError(
+            "This checkpoint holds a Ray replay buffer, which its actor writes beside the "
+            ".ckpt through rb_lightning's BufferCheckpointIO, and it is being saved without "
+            "it. Save through a Trainer that the ReplayBufferDataModule is attached to (it "
+            "installs the plugin), or pass Trainer(plugins=[BufferCheckpointIO()])."
+        )
+
+
+def remote_buffer_state(
+    replay_buffer: ReplayBuffer, trainer: Any
+) -> dict[str, Any] | BufferDumpRequest:
+    """What a DataModule stores for a Ray buffer: its owner (global rank 0) dumps it.
+
+    One actor serves every rank, so exactly one process writes it: global rank 0
+    of the Lightning run (whichever process created the actor). Its request is
+    carried out by :class:`BufferCheckpointIO`, which Lightning calls on rank 0
+    only; other ranks return a placeholder (their checkpoint dict is not saved).
+    """
+    if trainer is not None and trainer.global_rank != 0:
+        return {"location": "remote", "saved_by_rank": 0}
+    install_checkpoint_io(trainer)
+    return RemoteDumpRequest(replay_buffer)
+
+
+def restore_remote_buffer_state(
+    replay_buffer: ReplayBuffer,
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None,
+    trainer: Any,
+) -> None:
+    """Restore a Ray buffer from its checkpoint: rank 0 loads it into the actor, all ranks wait.
+
+    Call on every rank (it is collective under DDP): no rank samples the shared
+    buffer before it holds the checkpoint's content, and an error on rank 0
+    stops every rank. A checkpoint written before Ray buffers were saved
+    (``location="remote"``) restores nothing.
+    """
+    rank = trainer.global_rank if trainer is not None else 0
+    world_size = trainer.world_size if trainer is not None else 1
+    error: BaseException | None = None
+    if rank == 0 and state.get("location") != "remote":
+        try:
+            if state.get("location") != "beside" or not state.get("remote"):
+                raise BufferCheckpointError(
+                    "The checkpoint's replay buffer was saved from a buffer in the training "
+                    "process, and the DataModule now holds a Ray buffer (service_backend="
+                    "'ray'). Resume with the same kind of buffer as the saved run, or start "
+                    "a new run."
+                )
+            load_remote_buffer(replay_buffer, resolve_reference(state, checkpoint_path))
+        except Exception as caught:  # every rank must reach the decision below, or all hang
+            error = caught
+    if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
+        if error is None:
+            raise BufferCheckpointError(
+                "Rank 0 could not restore the Ray replay buffer from the checkpoint (see its "
+                "error); this rank stops too rather than train on the wrong content."
+            )
+    if error is not None:
+        raise error
 
 
 def restore_buffer_state(

@@ -30,7 +30,9 @@ from rb_lightning.checkpoint import (
     ensure_generator,
     install_checkpoint_io,
     rank_buffer_state,
+    remote_buffer_state,
     restore_buffer_state,
+    restore_remote_buffer_state,
 )
 from rb_lightning.dataset import (
     SAMPLER_INFO_KEYS,
@@ -504,15 +506,18 @@ class ReplayBufferDataModule(LightningDataModule):
         :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which this installs
         on the Trainer. Under DDP every rank's buffer is written beside it, one
         directory per rank (all ranks call this: Lightning's ``save_checkpoint``
-        runs on every rank).
+        runs on every rank). A Ray buffer (``service_backend="ray"``,
+        :class:`~rb_lightning.ray.RayReplayBufferView`) is written beside it by its
+        actor, once per checkpoint, on behalf of global rank 0.
         """
         stream = self._stream.state_dict()
-        if is_remote(self.replay_buffer):
-            # A shared (Ray) buffer belongs to its owner, which checkpoints it (rb.dumps);
-            # every rank saving it would race. Only this rank's progress is stored.
-            return {"batches_served": stream["batches_served"], "stream": stream, "buffer": None}
-        install_checkpoint_io(self.trainer)
         trainer = self.trainer
+        if is_remote(self.replay_buffer):
+            # One actor serves every rank: global rank 0 has it dump itself beside the .ckpt
+            # (one writer per checkpoint); the other ranks store only their stream position.
+            buffer = remote_buffer_state(self.replay_buffer, trainer)
+            return {"batches_served": stream["batches_served"], "stream": stream, "buffer": buffer}
+        install_checkpoint_io(trainer)
         if trainer is not None and trainer.world_size > 1:
             # One buffer per rank, each saved by its rank and restored to it (collective).
             buffer = rank_buffer_state(
@@ -539,9 +544,14 @@ class ReplayBufferDataModule(LightningDataModule):
             stream["batches_served"] = served
         self._stream.load_state_dict(stream)
         buffer = state_dict.get("buffer")
-        if buffer is not None:
-            install_checkpoint_io(self.trainer)
-            trainer = self.trainer
+        trainer = self.trainer
+        if buffer is not None and is_remote(self.replay_buffer):
+            # Rank 0 loads the actor; every rank waits for it before sampling (collective).
+            install_checkpoint_io(trainer)
+            path = trainer.ckpt_path if trainer is not None else None
+            restore_remote_buffer_state(self.replay_buffer, buffer, path, trainer)
+        elif buffer is not None:
+            install_checkpoint_io(trainer)
             restored = restore_buffer_state(
                 self.replay_buffer,
                 buffer,

@@ -33,6 +33,7 @@ Example (one process serves, another connects; here both are this process)::
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -168,3 +169,73 @@ def _find_actor(
                     "namespace and address."
                 ) from None
             time.sleep(0.2)
+
+
+# -- checkpointing (rb_lightning.checkpoint) --------------------------------------------------
+# These run inside the buffer actor through Ray's ``__ray_call__``, so each is one actor
+# call: a collector's writes land before or after it, never in the middle. They are
+# nested functions on purpose: cloudpickle sends them by value, so the actor's process
+# needs torchrl only, not rb_lightning.
+
+
+def _actor(replay_buffer: RayReplayBuffer) -> Any:
+    # torchrl 0.14 keeps the actor handle in ``_rb`` (no public accessor); the view sets it too.
+    actor = getattr(replay_buffer, "_rb", None)
+    if actor is None:
+        raise RuntimeError(f"{type(replay_buffer).__name__} is closed: it has no actor.")
+    return actor
+
+
+def remote_build(replay_buffer: RayReplayBuffer, sampler_attributes: list[str]) -> dict[str, Any]:
+    """Storage, sampler and writer of the actor's buffer: class names, capacity, settings."""
+    import ray
+
+    def describe(rb: Any, attributes: list[str]) -> dict[str, Any]:
+        sampler = rb.sampler
+        values = {name: getattr(sampler, name, None) for name in attributes}
+        return {
+            "storage": type(rb.storage).__name__,
+            "capacity": int(rb.storage.max_size),
+            "sampler": type(sampler).__name__,
+            "sampler_attributes": {
+                k: v for k, v in values.items() if isinstance(v, (bool, int, float))
+            },
+            "writer": type(rb.writer).__name__,
+        }
+
+    return ray.get(_actor(replay_buffer).__ray_call__.remote(describe, sampler_attributes))
+
+
+def dump_in_actor(replay_buffer: RayReplayBuffer, path: str) -> tuple[int, int]:
+    """The actor writes its buffer with torchrl's ``dumps`` to ``path`` (a path it can reach).
+
+    Returns the item count and ``write_count`` of what was written. An empty buffer
+    (torchrl cannot dump a storage that never held data) only creates ``path``.
+    """
+    import ray
+
+    def dump(rb: Any, target: str) -> tuple[int, int]:
+        if len(rb) == 0:
+            os.makedirs(target)
+        else:
+            rb.dumps(target)
+        return len(rb), int(rb.write_count)
+
+    return ray.get(_actor(replay_buffer).__ray_call__.remote(dump, path))
+
+
+def load_in_actor(replay_buffer: RayReplayBuffer, path: str | None) -> tuple[int, int]:
+    """The actor replaces its content with torchrl's ``loads(path)`` (``None``: empties it).
+
+    Returns the item count and ``write_count`` right after, in the same actor call.
+    """
+    import ray
+
+    def load(rb: Any, source: str | None) -> tuple[int, int]:
+        if source is None:
+            rb.empty()
+        else:
+            rb.loads(source)
+        return len(rb), int(rb.write_count)
+
+    return ray.get(_actor(replay_buffer).__ray_call__.remote(load, path))
