@@ -66,6 +66,7 @@ import tarfile
 import tempfile
 import threading
 import uuid
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -376,7 +377,13 @@ def dump_buffer(
         extra.update(_dump_filled_rows(replay_buffer, root))
     else:
         kind = _WHOLE_STORAGE
-        storage.dumps(root / "storage")
+        with warnings.catch_warnings():
+            # torchrl 0.14.1 warns "last_cursor is None ... may not be saved properly" when a
+            # storage restored by loads() is saved before its next write. The cursor only
+            # shifts the rows of save hooks (torchrl's compressing checkpointers); the default
+            # checkpointer writes the storage as it is, so this dump is complete.
+            warnings.filterwarnings("ignore", message="last_cursor is None")
+            storage.dumps(root / "storage")
         extra.update(capacity=storage.max_size, **_dump_components(replay_buffer, root))
         transform_state = replay_buffer.transform.state_dict()
         if transform_state:
