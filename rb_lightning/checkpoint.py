@@ -394,7 +394,7 @@ def dump_buffer(
                 f"pending batch {number} is a {type(batch).__name__}; only TensorDict batches "
                 "can be saved for an exact resume."
             )
-        batch.memmap(root / _PENDING / str(number))
+        _on_host(batch).memmap(root / _PENDING / str(number))
     _refuse_pickles(root, written=True)
     return _write_manifest(
         root,
@@ -625,12 +625,21 @@ def _load_components(
     if (root / "rng_state").exists():
         state = TensorDict.load_memmap(root / "rng_state", allow_pickle=False)
         generator = torch.Generator(device=state.device)
-        generator.set_state(state["rng_state"].clone())
+        # The state of a CUDA generator is a host byte tensor; load_memmap put it on the
+        # generator's device (recorded in the dump), set_state wants it on the host.
+        generator.set_state(state["rng_state"].cpu().clone())
         replay_buffer.set_rng(generator)
     if manifest.get("batch_size") is not None and hasattr(replay_buffer, "_batch_size"):
         replay_buffer._batch_size = manifest["batch_size"]
     if hasattr(replay_buffer, "_consume_after_n_samples"):
         replay_buffer._consume_after_n_samples = manifest.get("consume_after_n_samples")
+
+
+def _on_host(data: TensorDictBase) -> TensorDictBase:
+    """``data`` in host memory: dumps are host files, restored onto the storage's device."""
+    device = data.device
+    # device None: leaves may sit anywhere (a tensor storage's rows wrapped in a TensorDict).
+    return data if device is not None and device.type == "cpu" else data.to("cpu")
 
 
 def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
@@ -645,6 +654,7 @@ def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]
     tensor_rows = isinstance(rows, torch.Tensor)
     if tensor_rows:
         rows = TensorDict({_TENSOR_ROWS: rows}, batch_size=rows.shape[:1])
+    rows = _on_host(rows)  # a storage on the GPU is saved to host memory-mapped files
     rows.memmap(root / "storage", copy_existing=True)  # memmap storages: copy, do not move
     return {
         "capacity": storage.max_size,

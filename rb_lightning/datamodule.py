@@ -42,6 +42,13 @@ from rb_lightning.dataset import (
     StreamState,
     batch_loader,
 )
+from rb_lightning.device_prefetch import (
+    CopyEngine,
+    DevicePrefetcher,
+    check_device_storage,
+    default_copy_engine,
+    storage_device,
+)
 from rb_lightning.errors import UsageError
 from rb_lightning.priorities import (
     InvalidPriority,
@@ -99,8 +106,12 @@ class ReplayBufferDataModule(LightningDataModule):
     """Serve a torchrl ``ReplayBuffer`` to ``Trainer.fit`` as whole sampled batches.
 
     Each training batch is one ``rb.sample(batch_size)`` call, delivered as a
-    ``TensorDict`` on CPU; Lightning moves it to the accelerator through
-    :meth:`transfer_batch_to_device` (``non_blocking`` when memory is pinned).
+    ``TensorDict`` where the storage keeps its rows; Lightning moves it to the
+    accelerator through :meth:`transfer_batch_to_device` (``non_blocking`` when
+    memory is pinned). A storage on the GPU (``LazyTensorStorage(N,
+    device="cuda")``) is sampled there and its batches are handed over without a
+    copy; a host storage can overlap each copy with the previous step
+    (``prefetch_to_device=True``). See docs/datasets.md, "GPU".
 
     Args:
         replay_buffer: The buffer to sample training batches from.
@@ -118,6 +129,19 @@ class ReplayBufferDataModule(LightningDataModule):
             the training process, which is fastest on few cores and the only
             option that sees priority updates.
         pin_memory: Pin batches so host-to-GPU copies can be asynchronous.
+            Refused for a storage on the GPU (nothing on the host to pin).
+        prefetch_to_device: Overlap the host-to-device copy of batch ``n+1`` with
+            step ``n`` (host storages on CUDA): when Lightning reads a batch ahead,
+            its copy starts at once on a side CUDA stream from pinned memory, and
+            the step's stream waits for it on the GPU, not on the host. Batches
+            are sampled exactly when they would be without it, so the stream and
+            exact resume are unchanged. ``True`` uses
+            :class:`~rb_lightning.device_prefetch.CudaStreamCopy` on a CUDA device
+            and does nothing on CPU; a
+            :class:`~rb_lightning.device_prefetch.CopyEngine` instance is used on
+            any device (e.g. :class:`~rb_lightning.device_prefetch.SyncCopy`).
+            Default ``False``: its gain on a GPU has not been measured yet
+            (``benchmarks/gpu_path.py``). Refused for a storage on the GPU.
         persistent_workers: Keep workers alive across epochs.
         val_buffer: Optional buffer read once per validation run, in storage order.
         test_buffer: Optional buffer read once per test run, in storage order.
@@ -185,6 +209,7 @@ class ReplayBufferDataModule(LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
+        prefetch_to_device: bool | CopyEngine = False,
         val_buffer: ReplayBuffer | None = None,
         test_buffer: ReplayBuffer | None = None,
         min_size: int | None = None,
@@ -208,6 +233,14 @@ class ReplayBufferDataModule(LightningDataModule):
         if persistent_workers and self.num_workers == 0:
             raise ValueError("persistent_workers=True needs num_workers > 0.")
         self.persistent_workers = bool(persistent_workers)
+        if not isinstance(prefetch_to_device, (bool, CopyEngine)):
+            raise TypeError(
+                "prefetch_to_device must be True, False or a rb_lightning.device_prefetch."
+                f"CopyEngine, got {type(prefetch_to_device).__name__}."
+            )
+        self.prefetch_to_device = prefetch_to_device
+        # The copies in flight of the current training loader (built in train_dataloader).
+        self._prefetcher: DevicePrefetcher | None = None
         self.val_buffer = (
             None if val_buffer is None else check_replay_buffer(val_buffer, "val_buffer")
         )
@@ -226,6 +259,7 @@ class ReplayBufferDataModule(LightningDataModule):
             )
             if _check_source(src, name, buffer, buffer_name) is not None
         ]
+        self._check_storage_device()
         self._check_workers_fit_buffer()
         self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
@@ -254,6 +288,16 @@ class ReplayBufferDataModule(LightningDataModule):
             ensure_generator(self.replay_buffer)
 
     # -- checks -----------------------------------------------------------------------------
+    def _check_storage_device(self) -> None:
+        # A lazy storage with device="auto" learns its device at the first write: checked
+        # again when the train loader is built.
+        check_device_storage(
+            storage_device(self.replay_buffer),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            prefetch_to_device=self.prefetch_to_device is not False,
+        )
+
     def _check_workers_fit_buffer(self) -> None:
         if self.num_workers == 0:
             return
@@ -393,6 +437,7 @@ class ReplayBufferDataModule(LightningDataModule):
         """Sampled batches of the training buffer."""
         num_batches = self._resolve_num_batches()
         self._check_epoch_is_bounded(num_batches)
+        self._check_storage_device()
         dataset = ReplayBufferBatchDataset(
             self.replay_buffer,
             self.batch_size,
@@ -402,13 +447,26 @@ class ReplayBufferDataModule(LightningDataModule):
             wait_timeout=self.wait_timeout,
             cursor=self._stream.cursor,
         )
+        self._prefetcher = self._make_prefetcher()
         return ResumableBatchLoader(
             dataset,
             self._stream,
+            prefetcher=self._prefetcher,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
         )
+
+    def _make_prefetcher(self) -> DevicePrefetcher | None:
+        trainer = self.trainer
+        if self.prefetch_to_device is False or trainer is None:
+            return None
+        device = trainer.strategy.root_device
+        if self.prefetch_to_device is True:
+            engine = default_copy_engine(device)  # None on CPU: the batch is already there
+        else:
+            engine = self.prefetch_to_device
+        return None if engine is None else DevicePrefetcher(engine, device)
 
     def _val_dataloader(self) -> Any:
         """One in-order pass over ``val_buffer``, else the model's own ``val_dataloader()``."""
@@ -444,8 +502,17 @@ class ReplayBufferDataModule(LightningDataModule):
     def transfer_batch_to_device(
         self, batch: Any, device: torch.device, dataloader_idx: int
     ) -> Any:
-        """Move a TensorDict batch in one call; anything else goes to Lightning's default."""
+        """Move a TensorDict batch in one call; anything else goes to Lightning's default.
+
+        A batch already on ``device`` (a storage on the GPU) is returned as it is; a batch
+        whose copy :attr:`prefetch_to_device` started is returned as that copy.
+        """
         if isinstance(batch, TensorDictBase):
+            prefetched = self._prefetcher.take(batch) if self._prefetcher is not None else None
+            if prefetched is not None:
+                return prefetched
+            if batch.device == device:
+                return batch  # sampled on the device: no copy (TensorDict.to would rebuild it)
             non_blocking = self.pin_memory and device.type == "cuda"
             return batch.to(device, non_blocking=non_blocking)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
@@ -466,7 +533,12 @@ class ReplayBufferDataModule(LightningDataModule):
                 "returns weights (PrioritizedSampler) and keys=None or keys including 'index'."
             )
         rb = self.replay_buffer
-        priority = torch.as_tensor(priority).detach().cpu()
+        # Where the sampler keeps its priorities: torchrl's PrioritizedSampler reports its
+        # segment trees' device (CUDA trees for a CUDA storage, when torchrl was built with
+        # CUDA; else CPU). Moving there once avoids a round trip through the other device.
+        tree_device = getattr(getattr(rb, "sampler", None), "device", None)
+        tree_device = torch.device(tree_device) if tree_device is not None else torch.device("cpu")
+        priority = torch.as_tensor(priority).detach().to(tree_device)
         checked = check_priority(
             priority,
             invalid=self.invalid_priority,
@@ -475,7 +547,12 @@ class ReplayBufferDataModule(LightningDataModule):
         )
         if checked is not priority:
             self.replaced_priorities += int((checked != priority).sum())
-        rb.update_priority(batch["index"].cpu(), checked)
+        rb.update_priority(batch["index"].to(tree_device), checked)
+
+    def teardown(self, stage: str) -> None:
+        """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
+        if self._prefetcher is not None:
+            self._prefetcher.clear()
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -567,5 +644,5 @@ class ReplayBufferDataModule(LightningDataModule):
             f"(len={len(self.replay_buffer)}, storage={_part_name(self.replay_buffer, 'storage')}, "
             f"sampler={_part_name(self.replay_buffer, 'sampler')}), batch_size={self.batch_size}, "
             f"num_batches={self.num_batches!r}, num_workers={self.num_workers}, "
-            f"pin_memory={self.pin_memory})"
+            f"pin_memory={self.pin_memory}, prefetch_to_device={self.prefetch_to_device!r})"
         )

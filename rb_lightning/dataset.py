@@ -37,6 +37,7 @@ from rb_lightning._validation import (
     check_positive_int,
     check_replay_buffer,
 )
+from rb_lightning.device_prefetch import DevicePrefetcher
 
 logger = logging.getLogger(__name__)
 
@@ -259,17 +260,27 @@ class StreamState:
 class _TrackedBatches:
     """Iterator of a :class:`ResumableBatchLoader`: replays restored batches, records each one."""
 
-    def __init__(self, stream: StreamState, batches: Iterator[Any], replay: list[Any]) -> None:
+    def __init__(
+        self,
+        stream: StreamState,
+        batches: Iterator[Any],
+        replay: list[Any],
+        prefetcher: DevicePrefetcher | None = None,
+    ) -> None:
         self._stream = stream
         self._batches = batches
         self._replay = deque(replay)
+        self._prefetcher = prefetcher
 
     def __iter__(self) -> _TrackedBatches:
         return self
 
     def __next__(self) -> Any:
         batch = self._replay.popleft() if self._replay else next(self._batches)
-        self._stream.handed_out(batch)
+        self._stream.handed_out(batch)  # the host batch: what a checkpoint saves as read-ahead
+        if self._prefetcher is not None:
+            # Lightning reads one batch ahead: this copy runs while the current step runs.
+            self._prefetcher.submit(batch)
         return batch
 
     def __reduce__(self) -> Any:
@@ -290,16 +301,29 @@ class ResumableBatchLoader(_BatchLoader):
         stream: The stream state this loader reports and restores.
 
     Keyword Args:
+        prefetcher: A :class:`~rb_lightning.device_prefetch.DevicePrefetcher` that starts
+            the device copy of each batch as it is handed out (``None``: no prefetching).
+            Batches are drawn when they would be without it; only their copy starts early.
         **loader_kwargs: ``num_workers``, ``pin_memory``, ... as for :func:`batch_loader`.
     """
 
-    def __init__(self, dataset: IterableDataset, stream: StreamState, **loader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        stream: StreamState,
+        *,
+        prefetcher: DevicePrefetcher | None = None,
+        **loader_kwargs: Any,
+    ) -> None:
         super().__init__(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
         self.stream = stream
+        self.prefetcher = prefetcher
 
     def __iter__(self) -> Iterator[Any]:
         replay = self.stream.begin_iterator()  # before workers (re)start: they read the cursor
-        return _TrackedBatches(self.stream, super().__iter__(), replay)
+        if self.prefetcher is not None:
+            self.prefetcher.clear()  # copies of an earlier iterator's read-ahead: never used
+        return _TrackedBatches(self.stream, super().__iter__(), replay, self.prefetcher)
 
     def state_dict(self) -> dict[str, int]:
         """The stream position (see :meth:`StreamState.state_dict`)."""
