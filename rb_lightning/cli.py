@@ -29,7 +29,7 @@ from typing import Any
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
@@ -162,6 +162,10 @@ class ReplayBufferCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         configured = config["trainer"].get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
+        if config["trainer"].get("enable_checkpointing") is False:
+            # `--trainer.enable_checkpointing=false` on a config that lists a ModelCheckpoint
+            # means "no checkpoints for this run", not Lightning's error about the conflict.
+            configured = [cb for cb in configured if not isinstance(cb, Checkpoint)]
         added: list[Any] = []
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured

@@ -121,7 +121,7 @@ def test_train_py_runs_offline_config_end_to_end(tmp_path):
             "--config",
             OFFLINE,
             f"--data.init_args.source.init_args.path={tmp_path / 'buffer'}",
-            f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
             "--trainer.max_steps=2",
             "--trainer.enable_progress_bar=false",
         ],
@@ -133,4 +133,6 @@ def test_train_py_runs_offline_config_end_to_end(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stdout + result.stderr
-    assert (tmp_path / "config.yaml").exists(), "LightningCLI saved the run's config"
+    run = tmp_path / "offline_from_disk" / "version_0"
+    assert (run / "config.yaml").exists(), "LightningCLI saved the run's config"
+    assert (run / "checkpoints" / "last.ckpt").exists()
