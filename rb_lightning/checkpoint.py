@@ -835,6 +835,20 @@ def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
 
 
 # -- beside the .ckpt --------------------------------------------------------------------------
+def _beside_reference(
+    directory: Path, version: str, manifest: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """What the ``.ckpt`` stores for a dump written to ``directory/version`` beside it."""
+    return {
+        "location": "beside",
+        **extra,
+        "dir": directory.name,
+        "version": version,
+        "len": manifest["len"],
+        "write_count": manifest["write_count"],
+    }
+
+
 class BufferDumpRequest:
     """Placeholder for a buffer dump, carried in the checkpoint dict until its path is known.
 
@@ -875,13 +889,7 @@ class BufferDumpRequest:
             shutil.rmtree(staging, ignore_errors=True)  # a failed dump must not hold the space
             raise
         os.replace(staging, directory / version)
-        return {
-            "location": "beside",
-            "dir": directory.name,
-            "version": version,
-            "len": manifest["len"],
-            "write_count": manifest["write_count"],
-        }
+        return _beside_reference(directory, version, manifest)
 
     def __reduce__(self) -> Any:
         raise BufferCheckpointError(
@@ -1329,14 +1337,7 @@ class RemoteDumpRequest(BufferDumpRequest):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         os.replace(staging, directory / version)
-        return {
-            "location": "beside",
-            "remote": True,
-            "dir": directory.name,
-            "version": version,
-            "len": manifest["len"],
-            "write_count": manifest["write_count"],
-        }
+        return _beside_reference(directory, version, manifest, remote=True)
 
     def __reduce__(self) -> Any:
         raise BufferCheckpointError(

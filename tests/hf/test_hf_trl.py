@@ -19,6 +19,8 @@ from rb_lightning.llm.data import (
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
+from tiny_llm import tiny_model  # noqa: E402  (imports transformers)
+
 pytestmark = pytest.mark.hf
 
 TOKEN_KEYS = ["input_ids", "attention_mask", "labels"]
@@ -34,23 +36,6 @@ def arithmetic_rb(tokenizer):
     rb = ReplayBuffer(storage=LazyTensorStorage(128))
     fill_arithmetic_buffer(rb, 64, tokenizer, seed=0)
     return rb
-
-
-def tiny_model(tokenizer):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 def train_args(tmp_path, **extra):

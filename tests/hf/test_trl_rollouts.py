@@ -14,28 +14,13 @@ from rb_lightning.llm.data import arithmetic_reward, fill_arithmetic_buffer, mak
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
+from tiny_llm import tiny_model  # noqa: E402
+
 from rb_lightning.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
 BATCH, GENERATIONS = 4, 2  # per step: 2 prompts x 2 completions
-
-
-def tiny_model(tokenizer):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 def grpo(output_dir, tokenizer, prompts_rb, seen, max_steps):

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import torch
-import transformers
 import trl
+from tiny_llm import tiny_model
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning.checkpoint import load_buffer
@@ -49,23 +49,6 @@ def fill(rb: ReplayBuffer, n: int = 64) -> ReplayBuffer:
     items["id"] = torch.arange(n)
     rb.extend(items)
     return rb
-
-
-def tiny_model(tokenizer) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(0)  # the same weights on every process
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 def common_args(out: Path) -> dict:
