@@ -77,10 +77,9 @@ def draw_curves(
         'curves.png'
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no display needed, none opened
-        import matplotlib.pyplot as plt
+        # A Figure of its own, not pyplot: no backend switch and no global figure state in
+        # the caller's process (a notebook keeps its backend).
+        from matplotlib.figure import Figure
     except ImportError as err:
         raise ImportError(
             "Drawing learning curves needs matplotlib: pip install 'rb-lightning[plot]'."
@@ -91,8 +90,8 @@ def draw_curves(
     if not names:
         return None
     to_x = _step_to(series.get(x)) if x != "step" else (lambda step: float(step))
-    figure, axes = plt.subplots(len(names), 1, figsize=(7, 2.6 * len(names)), sharex=True)
-    axes = [axes] if len(names) == 1 else list(axes)
+    figure = Figure(figsize=(7, 2.6 * len(names)))
+    axes = figure.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
     for axis, name in zip(axes, names, strict=True):
         points = series[name]
         axis.plot([to_x(s) for s, _ in points], [v for _, v in points], linewidth=1.2)
@@ -105,7 +104,6 @@ def draw_curves(
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(png_path, dpi=100)
-    plt.close(figure)
     return png_path
 
 
