@@ -217,12 +217,13 @@ def _run_root(trainer: Namespace) -> Path | None:
 
 
 def _checkpoint_dirs(trainer: Namespace) -> list[Path]:
-    """``dirpath`` of every ``ModelCheckpoint`` the config names explicitly."""
+    """``dirpath`` of every checkpoint callback the config gives one explicitly."""
     callbacks = trainer.get("callbacks") or []
     dirs = []
     for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
+        # ModelCheckpoint and its subclasses (rb_lightning.runs.FinalLastCheckpoint).
         if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith(
-            "ModelCheckpoint"
+            "Checkpoint"
         ):
             dirpath = (entry.get("init_args") or Namespace()).get("dirpath")
             if dirpath is not None:
