@@ -48,14 +48,34 @@ def _config(tmp_path: Path) -> Path:
 
 
 def _train(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # faulthandler: a run that hangs is killed with SIGABRT and leaves every thread's stack.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=cwd,
         env=env,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
+        # A job started in the background by a non-interactive shell inherits SIGINT
+        # ignored, and Python then installs no Ctrl-C handler: give the run the default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def _wait_for_exit(process: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # faulthandler writes the stacks to the log
+        process.wait(timeout=30)
+        raise AssertionError(
+            f"no exit {timeout}s after Ctrl-C:\n{log.read_text()[-6000:]}"
+        ) from None
 
 
 def _read_checkpoint(path: Path) -> dict | None:
@@ -103,7 +123,7 @@ def test_interrupt_kill_and_resume_continue_the_run(tmp_path):
     first = _train(["fit", "--config", str(config)], tmp_path, tmp_path / "1.log")
     _wait_for_step(first, last, 2 * CHECKPOINT_EVERY)
     first.send_signal(signal.SIGINT)
-    first.wait(timeout=60)
+    _wait_for_exit(first, tmp_path / "1.log")
     out = (tmp_path / "1.log").read_text()
     assert "Traceback" not in out
     assert "interrupted (Ctrl-C)" in out

@@ -23,6 +23,9 @@ def test_sigint_during_fit_exits_cleanly_and_checkpoint_loads(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A background job of a non-interactive shell inherits SIGINT ignored (no Ctrl-C
+        # handler in the child): give it the default so the test means the same everywhere.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 180
