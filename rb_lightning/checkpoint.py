@@ -761,31 +761,31 @@ def _load_list_items(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str
     _load_components(replay_buffer, root, manifest)
 
 
+def _load_tensors_only(path: Path, fix: str) -> Any:
+    """``torch.load(weights_only=True)``; anything else in the file is refused, not run."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:
+        raise BufferCheckpointError(
+            f"{path} was written by an older rb_lightning and holds objects other than "
+            f"tensors ({type(error).__name__}): refused, loading it could run code. {fix}"
+        ) from error
+
+
 def _load_legacy_list(replay_buffer: ReplayBuffer, root: Path) -> None:
     # Written by rb_lightning before pickle-free dumps: a torch.save of rb.state_dict().
     _require(isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer)
-    try:
-        state = torch.load(root / _LEGACY_LIST_STATE, weights_only=True)
-    except Exception as error:
-        raise BufferCheckpointError(
-            f"{root / _LEGACY_LIST_STATE} was written by an older rb_lightning as a pickle of "
-            f"objects other than tensors ({type(error).__name__}), which is refused: loading "
-            "it could run code. If the checkpoint is your own, load it with that older "
-            "rb_lightning and save it again."
-        ) from error
+    state = _load_tensors_only(
+        root / _LEGACY_LIST_STATE,
+        "If the checkpoint is your own, load it with the older rb_lightning that wrote it "
+        "and save it again.",
+    )
     replay_buffer.load_state_dict(state)
 
 
 def _load_legacy_empty(replay_buffer: ReplayBuffer, root: Path) -> None:
     # Written by rb_lightning before pickle-free dumps; tensors, strings and ints only.
-    try:
-        state = torch.load(root / _LEGACY_EMPTY_STATE, weights_only=True)
-    except Exception as error:
-        raise BufferCheckpointError(
-            f"{root / _LEGACY_EMPTY_STATE} holds objects other than tensors "
-            f"({type(error).__name__}): refused, loading it could run code. Resume from a "
-            "checkpoint you trust."
-        ) from error
+    state = _load_tensors_only(root / _LEGACY_EMPTY_STATE, "Resume from a checkpoint you trust.")
     replay_buffer.empty()
     replay_buffer.writer.load_state_dict(state["writer"])
     if state["rng_state"] is not None:
