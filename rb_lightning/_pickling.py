@@ -14,6 +14,8 @@ from multiprocessing.reduction import ForkingPickler
 
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.torchrl_compat import buffer_generator, without_generator
+
 _detach_lock = threading.Lock()
 
 
@@ -28,18 +30,11 @@ class _BufferPayload:
 
 def pickled_without_generator(rb: ReplayBuffer) -> ReplayBuffer | _BufferPayload:
     """``rb`` itself when it has no generator, else its pickle made without the generator."""
-    generator = getattr(rb, "_rng", None)
-    if generator is None:
+    if buffer_generator(rb) is None:
         return rb
-    with _detach_lock:
-        # Only the buffer's own reference is pickled (storage, sampler and writer drop
-        # theirs in __getstate__); detach it for the duration of this one dumps call.
-        rb._rng = None
-        try:
-            # ForkingPickler keeps shared-memory tensors shared, as the DataLoader would.
-            return _BufferPayload(bytes(ForkingPickler.dumps(rb)))
-        finally:
-            rb._rng = generator
+    with _detach_lock, without_generator(rb):
+        # ForkingPickler keeps shared-memory tensors shared, as the DataLoader would.
+        return _BufferPayload(bytes(ForkingPickler.dumps(rb)))
 
 
 def unpickle_buffer(value: ReplayBuffer | _BufferPayload) -> ReplayBuffer:

@@ -14,6 +14,8 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
+from rb_lightning._columns import normalize_key
+
 
 def check_replay_buffer(replay_buffer: Any, name: str = "replay_buffer") -> ReplayBuffer:
     if not isinstance(replay_buffer, ReplayBuffer):
@@ -80,7 +82,7 @@ def check_keys(keys: Any) -> list[NestedKey] | None:
                 f"keys must hold strings or tuples of strings, got {key!r} "
                 f"({type(key).__name__}). Nested keys are tuples: ('next', 'reward')."
             )
-        checked.append(key[0] if isinstance(key, tuple) and len(key) == 1 else key)
+        checked.append(normalize_key(key))
     if not checked:
         raise ValueError("keys must not be empty; pass keys=None to keep every key.")
     return checked

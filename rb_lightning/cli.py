@@ -33,6 +33,7 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
+from rb_lightning._columns import normalize_key
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
@@ -70,7 +71,7 @@ def _nested_key_from_yaml(value: Any) -> NestedKey:
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
-        return value[0] if len(value) == 1 else tuple(value)
+        return normalize_key(tuple(value))
     raise ValueError(f"a nested key is a string or a list of strings, got {value!r}")
 
 
@@ -222,9 +223,7 @@ def _checkpoint_dirs(trainer: Namespace) -> list[Path]:
     dirs = []
     for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
         # ModelCheckpoint and its subclasses (rb_lightning.runs.FinalLastCheckpoint).
-        if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith(
-            "Checkpoint"
-        ):
+        if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith("Checkpoint"):
             dirpath = (entry.get("init_args") or Namespace()).get("dirpath")
             if dirpath is not None:
                 dirs.append(Path(dirpath))

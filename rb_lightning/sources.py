@@ -35,7 +35,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +42,7 @@ from typing import Any
 
 from torchrl.data import ReplayBuffer
 
-# The file ``ReplayBuffer.dumps`` always writes for the storage; its absence means
-# the directory was not written by ``dumps`` (or was written somewhere else).
-_DUMPS_MARKER = Path("storage") / "storage_metadata.json"
+from rb_lightning.torchrl_compat import DUMPS_MARKER, is_dumps_directory, loads_with_strings
 
 
 class SourceError(RuntimeError):
@@ -72,7 +69,9 @@ class LoadDirectory(BufferSource):
 
     The receiving buffer must be built like the saved one (same storage kind
     and capacity, same sampler kind): ``ReplayBuffer.loads`` restores storage,
-    sampler and writer state into it.
+    sampler and writer state into it. String columns come back as saved (torchrl
+    0.14.1's ``loads`` alone gets them wrong; see
+    :func:`rb_lightning.torchrl_compat.restore_non_tensor_columns`).
 
     Args:
         path: The directory ``dumps`` wrote.
@@ -90,9 +89,9 @@ class LoadDirectory(BufferSource):
                 "written by ReplayBuffer.dumps(path), e.g. one made by "
                 "`python scripts/make_offline_buffer.py <dir>`."
             )
-        if not (self.path / _DUMPS_MARKER).is_file():
+        if not is_dumps_directory(self.path):
             raise FileNotFoundError(
-                f"LoadDirectory(path={str(path)!r}): the directory has no {_DUMPS_MARKER}, so it "
+                f"LoadDirectory(path={str(path)!r}): the directory has no {DUMPS_MARKER}, so it "
                 "was not written by ReplayBuffer.dumps(path). Point path at the directory that "
                 "dumps wrote (the one holding storage/, sampler/ and writer/)."
             )
@@ -104,7 +103,7 @@ class LoadDirectory(BufferSource):
             SourceError: When the directory does not match ``replay_buffer``.
         """
         saved = self.saved_capacity()
-        capacity = getattr(getattr(replay_buffer, "_storage", None), "max_size", None)
+        capacity = getattr(replay_buffer.storage, "max_size", None)
         if saved is not None and isinstance(capacity, int) and saved != capacity:
             raise SourceError(
                 f"LoadDirectory(path={str(self.path)!r}) holds a buffer saved with capacity "
@@ -112,7 +111,7 @@ class LoadDirectory(BufferSource):
                 f"max_size: {saved} (a saved buffer loads only into one built like it)."
             )
         try:
-            replay_buffer.loads(self.path)
+            loads_with_strings(replay_buffer, self.path)
         except Exception as err:
             raise SourceError(
                 f"LoadDirectory(path={str(self.path)!r}) could not load into "
@@ -120,17 +119,6 @@ class LoadDirectory(BufferSource):
                 "must be built like the saved one (storage kind and capacity, sampler kind); "
                 "see buffer_metadata.json and storage/storage_metadata.json in the directory."
             ) from err
-        strings = self.non_tensor_keys()
-        if strings:
-            # torchrl 0.14.1 writes these columns correctly but loads() gives every item
-            # the first item's value: say so rather than train on wrong data silently.
-            warnings.warn(
-                f"LoadDirectory(path={str(self.path)!r}): non-tensor columns {strings} were "
-                "restored by ReplayBuffer.loads, which (torchrl 0.14.1) gives every item the "
-                "first item's value. Do not train on them; save tensors only (e.g. "
-                "rb.dumps after td.exclude(...)).",
-                stacklevel=2,
-            )
 
     def saved_capacity(self) -> int | None:
         """The capacity of the saved storage (``None`` if the directory does not say)."""
@@ -219,8 +207,8 @@ def resolve_callable(spec: str) -> Callable[..., Any]:
 
 
 def _describe(replay_buffer: ReplayBuffer) -> str:
-    storage = getattr(replay_buffer, "_storage", None)
-    sampler = getattr(replay_buffer, "_sampler", None)
+    storage = replay_buffer.storage
+    sampler = replay_buffer.sampler
     capacity = getattr(storage, "max_size", "?")
     return (
         f"{type(replay_buffer).__name__}(storage={type(storage).__name__}(max_size={capacity}), "

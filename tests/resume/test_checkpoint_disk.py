@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-import rb_lightning.checkpoint as checkpoint_module
+import rb_lightning.buffer_format as checkpoint_module
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import (
     BufferDumpRequest,

@@ -1,0 +1,271 @@
+"""Every workaround of a torchrl / tensordict bug, and every use of their private names.
+
+Written for torchrl 0.14.1 and tensordict 0.14.3 (the pinned versions). Each
+function says which version it is for and what breaks without it, so that
+moving the pin means re-checking this file and deleting what the new version
+fixed; no other module of rb_lightning touches a torchrl object's ``_private``
+attribute.
+
+Examples:
+    >>> import tempfile
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.torchrl_compat import loads_with_strings
+    >>> saved = ReplayBuffer(storage=LazyTensorStorage(4))
+    >>> _ = saved.extend(TensorDict({"x": torch.arange(2), "s": ["a", "b"]}, batch_size=[2]))
+    >>> path = tempfile.mkdtemp()
+    >>> saved.dumps(path)
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+    >>> loads_with_strings(rb, path)
+    >>> list(rb[:2]["s"])
+    ['a', 'b']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
+from torchrl.data import ReplayBuffer
+from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
+from torchrl.data.replay_buffers.storages import Storage
+
+__all__ = [
+    "DUMPS_MARKER",
+    "buffer_generator",
+    "consume_after_n_samples",
+    "default_batch_size",
+    "dumps_length",
+    "has_custom_checkpointer_hooks",
+    "SAMPLER_SETTINGS",
+    "has_prefetch",
+    "ignore_last_cursor_warning",
+    "is_dumps_directory",
+    "is_empty_prefetch_pickle",
+    "loads_with_strings",
+    "read_dumps_items",
+    "restore_non_tensor_columns",
+    "sampler_attribute",
+    "set_consume_after_n_samples",
+    "set_default_batch_size",
+    "storage_content",
+    "without_generator",
+    "write_count",
+]
+
+# -- torchrl's dumps layout ---------------------------------------------------------------------
+#: The file ``ReplayBuffer.dumps`` (torchrl 0.14) always writes for a tensor storage, with the
+#: number of filled rows under ``"len"``; without it a directory was not written by ``dumps``.
+DUMPS_MARKER = Path("storage") / "storage_metadata.json"
+
+
+def is_dumps_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` looks like a directory written by ``ReplayBuffer.dumps(path)``."""
+    return (Path(path) / DUMPS_MARKER).is_file()
+
+
+def dumps_length(path: str | os.PathLike[str]) -> int:
+    """Number of items in a ``ReplayBuffer.dumps`` directory (torchrl 0.14 layout).
+
+    Raises:
+        FileNotFoundError: When ``path`` has no ``storage/storage_metadata.json``.
+    """
+    marker = Path(path) / DUMPS_MARKER
+    if not marker.is_file():
+        raise FileNotFoundError(
+            f"{path} is not a directory written by ReplayBuffer.dumps() with a tensor storage "
+            f"(no {DUMPS_MARKER.as_posix()})."
+        )
+    return int(json.loads(marker.read_text())["len"])
+
+
+def read_dumps_items(path: str | os.PathLike[str]) -> TensorDictBase:
+    """The filled rows of a ``ReplayBuffer.dumps`` directory, strings included, as a TensorDict.
+
+    ``TensorDict.load_memmap`` keeps every string column, unlike ``ReplayBuffer.loads``
+    in torchrl 0.14.1 (see :func:`restore_non_tensor_columns`); no pickle is read.
+    """
+    size = dumps_length(path)
+    return TensorDict.load_memmap(Path(path) / "storage", allow_pickle=False)[:size]
+
+
+# -- torchrl 0.14.1: loads() restores string columns wrongly --------------------------------------
+def restore_non_tensor_columns(
+    replay_buffer: ReplayBuffer, storage_dir: str | os.PathLike[str]
+) -> list[str]:
+    """Put the string (non-tensor) columns saved in ``storage_dir`` back into ``replay_buffer``.
+
+    torchrl 0.14.1: ``ReplayBuffer.loads`` / ``TensorStorage.loads`` copy tensors
+    only; a ``NonTensorStack`` column keeps what the live buffer held, or gets the
+    first item's value in every row of a fresh buffer. The files are right:
+    ``TensorDict.load_memmap`` reads them correctly. Call right after ``loads``.
+    Delete once ``loads`` round-trips strings.
+
+    Returns:
+        The restored columns, as ``"a.b"`` names (empty when there were none).
+    """
+    data = storage_content(replay_buffer.storage)
+    if not isinstance(data, TensorDictBase) or data.is_locked:
+        return []
+    saved = TensorDict.load_memmap(Path(storage_dir), allow_pickle=False)
+    restored = []
+    for key in saved.keys(include_nested=True):
+        value = saved.get(key)
+        if is_non_tensor(value):
+            data.set(key, value)
+            restored.append(key if isinstance(key, str) else ".".join(key))
+    return restored
+
+
+def loads_with_strings(replay_buffer: ReplayBuffer, path: str | os.PathLike[str]) -> None:
+    """``replay_buffer.loads(path)``, with string columns restored (torchrl 0.14.1 bug).
+
+    See :func:`restore_non_tensor_columns`; once the pin moves past the bug this
+    is ``replay_buffer.loads(path)``.
+    """
+    replay_buffer.loads(path)
+    restore_non_tensor_columns(replay_buffer, Path(path) / "storage")
+
+
+@contextlib.contextmanager
+def ignore_last_cursor_warning() -> Iterator[None]:
+    """Silence torchrl 0.14.1's "last_cursor is None" warning around a storage ``dumps``.
+
+    It is raised when a storage restored by ``loads`` is saved before its next
+    write. The cursor only shifts the rows of save hooks (the compressing
+    checkpointers); the default checkpointer writes the storage as it is, so the
+    dump is complete and the warning misleads.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="last_cursor is None")
+        yield
+
+
+def is_empty_prefetch_pickle(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is the ``prefetch.pkl`` torchrl 0.14's ``dumps`` writes for no prefetch.
+
+    ``ReplayBuffer.dumps`` pickles the prefetch state even when there is none.
+    It is read with an unpickler that resolves no global name at all, so
+    nothing can be called: a pickle that needs one (anything but plain
+    containers and numbers) is rejected.
+    """
+
+    class _NoGlobals(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError(f"global {module}.{name} refused")
+
+    try:
+        with open(path, "rb") as file:
+            state = _NoGlobals(file).load()
+    except Exception:
+        return False
+    return state is None or (isinstance(state, dict) and not state.get("queue"))
+
+
+# -- private attributes (torchrl 0.14.1 has no public accessor) ----------------------------------
+def storage_content(storage: Storage) -> Any:
+    """The object a storage keeps its items in (``storage._storage``).
+
+    A ``TensorDict`` / tensor for a ``TensorStorage`` (``None`` before the first
+    write of a lazy one), a list for a ``ListStorage``.
+    """
+    return getattr(storage, "_storage", None)
+
+
+def write_count(replay_buffer: ReplayBuffer) -> int | None:
+    """Items written to ``replay_buffer`` since it was built (``writer._write_count``)."""
+    return getattr(replay_buffer.writer, "_write_count", None)
+
+
+def has_custom_checkpointer_hooks(storage: Storage) -> bool:
+    """Whether ``storage`` uses a checkpointer other than torchrl's default, or hooks on it.
+
+    Only then do torchrl's save/load hooks (``checkpointer._save_hooks``,
+    ``_load_hooks``) change what a dump holds.
+    """
+    checkpointer = storage.checkpointer
+    return (
+        type(checkpointer) is not TensorStorageCheckpointer
+        or bool(checkpointer._save_hooks)
+        or bool(checkpointer._load_hooks)
+    )
+
+
+def has_prefetch(replay_buffer: ReplayBuffer) -> bool:
+    """Whether ``replay_buffer`` samples ahead in threads (``ReplayBuffer(prefetch=n)``)."""
+    return bool(getattr(replay_buffer, "_prefetch", False))
+
+
+def buffer_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
+    """The ``torch.Generator`` the buffer samples with (``set_rng`` sets it, nothing reads it)."""
+    return getattr(replay_buffer, "_rng", None)
+
+
+@contextlib.contextmanager
+def without_generator(replay_buffer: ReplayBuffer) -> Iterator[None]:
+    """Detach the buffer's own reference to its generator for the duration of the block.
+
+    ``set_rng(None)`` would also clear the storage's, sampler's and writer's
+    references; only the buffer's own one is pickled (the others drop theirs in
+    ``__getstate__``).
+    """
+    generator = buffer_generator(replay_buffer)
+    replay_buffer._rng = None
+    try:
+        yield
+    finally:
+        replay_buffer._rng = generator
+
+
+def default_batch_size(replay_buffer: ReplayBuffer) -> int | None:
+    """The ``batch_size`` given to ``ReplayBuffer(batch_size=...)`` (``rb._batch_size``)."""
+    return getattr(replay_buffer, "_batch_size", None)
+
+
+def set_default_batch_size(replay_buffer: ReplayBuffer, batch_size: int) -> None:
+    """Set the buffer's default ``batch_size`` (no public setter in torchrl 0.14.1)."""
+    if hasattr(replay_buffer, "_batch_size"):
+        replay_buffer._batch_size = batch_size
+
+
+def consume_after_n_samples(replay_buffer: ReplayBuffer) -> int | None:
+    """``ReplayBuffer(consume_after_n_samples=...)`` of ``replay_buffer``."""
+    return getattr(replay_buffer, "_consume_after_n_samples", None)
+
+
+def set_consume_after_n_samples(replay_buffer: ReplayBuffer, value: int | None) -> None:
+    """Set ``consume_after_n_samples`` (no public setter in torchrl 0.14.1)."""
+    if hasattr(replay_buffer, "_consume_after_n_samples"):
+        replay_buffer._consume_after_n_samples = value
+
+
+#: Sampler settings that change which items are drawn or the weights they carry: the
+#: attribute torchrl 0.14.1 keeps each in (most are private), and the constructor argument.
+#: Plain names so that a Ray buffer's actor, which has torchrl only, can read them too.
+SAMPLER_SETTINGS: dict[str, str] = {
+    "_alpha": "alpha",
+    "_beta": "beta",
+    "_eps": "eps",
+    "_max_capacity": "max_capacity",
+    "drop_last": "drop_last",
+    "shuffle": "shuffle",
+}
+
+
+def sampler_attribute(sampler: Any, name: str) -> Any:
+    """The sampler setting given as ``name`` to its constructor (``"alpha"``), or ``None``.
+
+    torchrl 0.14.1 keeps ``eps`` and ``max_capacity`` of a ``PrioritizedSampler``
+    in private attributes only; see :data:`SAMPLER_SETTINGS`.
+    """
+    attribute = {arg: attr for attr, arg in SAMPLER_SETTINGS.items()}.get(name, name)
+    return getattr(sampler, attribute, None)
