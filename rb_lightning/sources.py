@@ -185,7 +185,7 @@ def resolve_callable(spec: str) -> Callable[..., Any]:
     if not (sep and module_name and attr_path):
         raise ValueError(
             f"function={spec!r} must be 'package.module:function', with a colon between the "
-            "module to import and the name in it, e.g. 'rb_lightning.llm.module:fill_arithmetic_sft'."
+            "module to import and the name in it, e.g. 'rb_lightning.llm.data:fill_arithmetic_buffer'."
         )
     try:
         target: Any = importlib.import_module(module_name)

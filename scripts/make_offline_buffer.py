@@ -5,8 +5,8 @@
 
 The buffer is built like the config's (``TensorDictReplayBuffer``,
 ``LazyMemmapStorage(max_size=4096)``, default sampler and writer), filled with
-tokenized arithmetic examples (tensors only: torchrl 0.14.1's ``loads`` does
-not restore string columns), and written with ``ReplayBuffer.dumps``.
+tokenized arithmetic examples (tensors only: torchrl 0.14.1's ``LazyMemmapStorage``
+keeps only the first string of a column), and written with ``ReplayBuffer.dumps``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
 
-from rb_lightning.llm.module import fill_arithmetic_sft
+from rb_lightning.llm.data import fill_arithmetic_buffer
 
 
 def make_offline_buffer(
@@ -25,7 +25,7 @@ def make_offline_buffer(
 ) -> TensorDictReplayBuffer:
     """Fill a buffer of ``capacity`` with ``num_examples`` items and ``dumps`` it to ``path``."""
     rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(capacity))
-    fill_arithmetic_sft(rb, num_examples=num_examples, seed=seed, text=False)
+    fill_arithmetic_buffer(rb, num_examples, seed=seed, text=False)
     Path(path).mkdir(parents=True, exist_ok=True)
     rb.dumps(path)
     return rb

@@ -130,19 +130,38 @@ def arithmetic_tensordict(
 def fill_arithmetic_buffer(
     rb: ReplayBuffer,
     n: int,
-    tokenizer: Any,
+    tokenizer: Any = None,
     *,
     seed: int = 0,
     max_length: int = 16,
     max_operand: int = 50,
+    text: bool = True,
 ) -> int:
     """Write ``n`` tokenized arithmetic items (see :func:`arithmetic_tensordict`) to ``rb``.
+
+    Also a ``CallSource`` target: without ``tokenizer`` one is built here,
+    locally (:func:`make_tokenizer`), so a YAML config names only this function
+    and plain numbers (``function: rb_lightning.llm.data:fill_arithmetic_buffer``,
+    ``kwargs: {n: 512, seed: 1}``).
+
+    Args:
+        rb: The buffer to extend.
+        n: Items to write.
+        tokenizer: Tokenizer of the items; default :func:`make_tokenizer`.
+        seed: Seed of the examples.
+        max_length: Tokens per item (padded).
+        max_operand: Largest operand.
+        text: Also store the ``prompt`` / ``completion`` strings. ``False`` keeps
+            tensors only (a ``LazyMemmapStorage`` keeps only the first string of a
+            column in torchrl 0.14.1).
 
     Returns:
         The number of items written.
     """
+    tokenizer = make_tokenizer() if tokenizer is None else tokenizer
     examples = arithmetic_examples(n, seed=seed, max_operand=max_operand)
-    rb.extend(arithmetic_tensordict(examples, tokenizer, max_length=max_length))
+    items = arithmetic_tensordict(examples, tokenizer, max_length=max_length)
+    rb.extend(items if text else items.exclude("prompt", "completion"))
     return n
 
 

@@ -7,17 +7,19 @@ a YAML config chooses its architecture and size through ``class_path``
 ``input_ids`` and ``attention_mask``, and ``labels`` with ``-100`` where no loss
 is wanted (without ``labels``, the loss covers every attended token).
 
-:func:`fill_arithmetic_sft` fills a buffer with the synthetic arithmetic task of
-:mod:`rb_lightning.llm.data` (tokenizer built locally); it is what
-``configs/llm_sft.yaml`` names as its ``CallSource``.
+:func:`rb_lightning.llm.data.fill_arithmetic_buffer` fills a buffer with the synthetic
+arithmetic task (tokenizer built locally); it is what ``configs/llm_sft.yaml`` names as
+its ``CallSource``.
 
 Examples:
     >>> import torch
     >>> from transformers import LlamaConfig
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.llm.module import CausalLMModule, fill_arithmetic_sft
+    >>> from rb_lightning.llm.data import fill_arithmetic_buffer
+    >>> from rb_lightning.llm.module import CausalLMModule
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(64))
-    >>> fill_arithmetic_sft(rb, num_examples=8)
+    >>> fill_arithmetic_buffer(rb, 8)
+    8
     >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,
     ...                      num_hidden_layers=1, num_attention_heads=2)
     >>> module = CausalLMModule(config)
@@ -33,13 +35,9 @@ from typing import Any
 import lightning as L
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import ReplayBuffer
 
 from rb_lightning.llm.data import (
     IGNORE_INDEX,
-    arithmetic_examples,
-    arithmetic_tensordict,
-    make_tokenizer,
 )
 
 try:
@@ -130,32 +128,3 @@ class CausalLMModule(L.LightningModule):
             optimizer, lambda step: min(1.0, (step + 1) / warmup)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def fill_arithmetic_sft(
-    replay_buffer: ReplayBuffer,
-    num_examples: int = 2048,
-    seed: int = 0,
-    max_length: int = 16,
-    max_operand: int = 50,
-    text: bool = True,
-) -> None:
-    """Fill ``replay_buffer`` with tokenized arithmetic examples ("12+7=" → "19").
-
-    A ``CallSource`` target: the tokenizer is built here, locally, so a YAML
-    config only names this function and plain numbers.
-
-    Args:
-        replay_buffer: The buffer to extend.
-        num_examples: Items to write.
-        seed: Seed of the examples.
-        max_length: Tokens per item (padded).
-        max_operand: Largest operand.
-        text: Also store the ``prompt`` / ``completion`` strings. ``False``
-            keeps only tensors, e.g. for a buffer saved with ``dumps``
-            (torchrl 0.14.1's ``loads`` restores string columns wrongly).
-    """
-    tokenizer = make_tokenizer()
-    examples = arithmetic_examples(num_examples, seed=seed, max_operand=max_operand)
-    items = arithmetic_tensordict(examples, tokenizer, max_length=max_length)
-    replay_buffer.extend(items if text else items.exclude("prompt", "completion"))
