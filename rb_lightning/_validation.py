@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from tensordict.utils import NestedKey
@@ -47,6 +47,14 @@ def as_int(value: Any) -> int | None:
     ):
         return int(value.item())
     return None
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
 
 
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:

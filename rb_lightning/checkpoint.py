@@ -298,8 +298,12 @@ class _CommitAfterWrite(CheckpointIO):
             raise
         self.ledger.finish(number, written=True)
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> Any:
-        return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return self.checkpoint_io.load_checkpoint(
+            path, map_location=map_location, **_weights_only(weights_only)
+        )
 
     def remove_checkpoint(self, path: Any) -> None:
         self.checkpoint_io.remove_checkpoint(path)
@@ -366,8 +370,12 @@ class BufferCheckpointIO(CheckpointIO):
         checkpoint[_SAVE_KEY] = self._ledger.submit(obsolete)
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> Any:
-        checkpoint = self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        checkpoint = self.checkpoint_io.load_checkpoint(
+            path, map_location=map_location, **_weights_only(weights_only)
+        )
         checkpoint.pop(_SAVE_KEY, None)
         for reference in _find_references(checkpoint):
             reference["resolved"] = str(resolve_reference(reference, path))
@@ -385,6 +393,12 @@ class BufferCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.checkpoint_io.teardown()
+
+
+def _weights_only(weights_only: bool | None) -> dict[str, bool]:
+    # Passed on only when given: a wrapped CheckpointIO written for an older Lightning
+    # may not take the argument.
+    return {} if weights_only is None else {"weights_only": weights_only}
 
 
 def install_checkpoint_io(trainer: Any) -> None:

@@ -99,7 +99,8 @@ class ReplayBufferCLI(LightningCLI):
                 parser_kwargs[key] = {**parser_kwargs[key], **value}
             else:
                 parser_kwargs[key] = value
-        super().__init__(*args, parser_kwargs=parser_kwargs, **kwargs)
+        kwargs["parser_kwargs"] = parser_kwargs
+        super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         try:

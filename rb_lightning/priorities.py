@@ -58,9 +58,11 @@ def current_max_priority(replay_buffer: Any) -> float:
         sampler = replay_buffer.sampler
     except AttributeError:  # a Ray-backed buffer keeps its sampler in the actor
         return 1.0
-    value = getattr(sampler, "default_priority", None)
+    raw = getattr(sampler, "default_priority", None)
+    if raw is None:
+        return 1.0
     try:
-        value = float(value)
+        value = float(raw)
     except (TypeError, ValueError, RuntimeError):
         return 1.0
     return value if math.isfinite(value) and value >= 0 else 1.0

@@ -119,12 +119,12 @@ class RunReport(Callback):
 
 
 def _stop_reason(trainer: Trainer) -> str:
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if isinstance(callback, EarlyStopping) and (
             callback.stopping_reason != EarlyStoppingReason.NOT_STOPPED
         ):
             if callback.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
-                value = trainer.callback_metrics.get(callback.monitor)
+                value = trainer.callback_metrics.get(callback.monitor or "")
                 shown = f"{float(value):.2f}" if value is not None else "?"
                 sign = ">=" if callback.mode == "max" else "<="
                 return (
@@ -142,8 +142,8 @@ def _stop_reason(trainer: Trainer) -> str:
 def _headline_metrics(trainer: Trainer) -> list[str]:
     monitored = [
         cb.monitor
-        for cb in trainer.callbacks
-        if isinstance(cb, (EarlyStopping, ModelCheckpoint)) and getattr(cb, "monitor", None)
+        for cb in trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        if isinstance(cb, (EarlyStopping, ModelCheckpoint)) and cb.monitor
     ]
     names = list(dict.fromkeys([*monitored, "frames", "val_loss", "train_loss", "loss"]))
     shown = []
@@ -151,8 +151,8 @@ def _headline_metrics(trainer: Trainer) -> list[str]:
         value = trainer.callback_metrics.get(name)
         if value is None or value.numel() != 1 or not math.isfinite(float(value)):
             continue
-        value = float(value)
-        text = f"{value:,.0f}" if value.is_integer() and abs(value) >= 1000 else f"{value:.4g}"
+        number = float(value)
+        text = f"{number:,.0f}" if number.is_integer() and abs(number) >= 1000 else f"{number:.4g}"
         shown.append(f"{name} {text}")
     return shown[:4]
 

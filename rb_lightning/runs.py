@@ -15,6 +15,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Literal
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -48,7 +49,7 @@ class RunLogger(CSVLogger):
     """
 
     @property
-    def experiment(self):  # type: ignore[override]  # noqa: ANN201 (Lightning's writer type)
+    def experiment(self) -> Any:  # Lightning types it with its private _ExperimentWriter
         if self._experiment is not None:
             return self._experiment
         metrics = Path(self.log_dir) / "metrics.csv"
@@ -79,8 +80,23 @@ class FinalLastCheckpoint(ModelCheckpoint):
         True
     """
 
-    def __init__(self, *args: object, save_last: bool = True, **kwargs: object) -> None:
-        super().__init__(*args, save_last=save_last, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | Literal["link"] | None = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            verbose=verbose,
+            save_last=save_last,
+            **kwargs,
+        )
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_end(trainer, pl_module)

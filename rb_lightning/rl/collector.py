@@ -213,7 +213,7 @@ class OnlineCollector(Callback):
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
         if self.replay_buffer is not None:
             return self.replay_buffer
-        buffer = getattr(trainer.datamodule, "replay_buffer", None)
+        buffer = getattr(trainer.datamodule, "replay_buffer", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if not isinstance(buffer, ReplayBuffer):
             raise ValueError(
                 "OnlineCollector has no replay buffer to fill: pass replay_buffer=... or train "
@@ -264,7 +264,7 @@ class OnlineCollector(Callback):
         if stage != "fit":
             return
         self._resolve_buffer(trainer)
-        workers = getattr(trainer.datamodule, "num_workers", 0)
+        workers = getattr(trainer.datamodule, "num_workers", 0)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if self.replay_buffer is None and workers:
             raise ValueError(
                 f"OnlineCollector writes into the buffer in the training process, but the "
@@ -394,17 +394,22 @@ class OnlineCollector(Callback):
         # Each self.log call costs a Lightning metric update, so the return is logged
         # when an episode ends (the progress bar keeps the last value) and the rest
         # every log_every_n_steps.
-        log = dict(on_step=True, on_epoch=False, batch_size=1)
+        def log(name: str, value: float, prog_bar: bool = False) -> None:
+            pl_module.log(
+                name, value, prog_bar=prog_bar, on_step=True, on_epoch=False, batch_size=1
+            )
+
         if self.episodes != self._episodes_logged and self.recent_returns:
-            pl_module.log("episode_return", self.mean_return, prog_bar=True, **log)
+            log("episode_return", self.mean_return, prog_bar=True)
             self._episodes_logged = self.episodes
         step = trainer.global_step
-        if step % trainer.log_every_n_steps == 0 and self._clock is not None:
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        if step % every == 0 and self._clock is not None:
             now, (then, then_step) = time.perf_counter(), self._clock
             samples = (step - then_step) * _batch_length(batch)
-            pl_module.log("samples_per_s", samples / max(now - then, 1e-9), **log)
-            pl_module.log("buffer_size", float(len(self._buffer)), **log)
-            pl_module.log("frames", float(self.frames), **log)
+            log("samples_per_s", samples / max(now - then, 1e-9))
+            log("buffer_size", float(len(self._buffer)))
+            log("frames", float(self.frames))
             self._clock = (now, step)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

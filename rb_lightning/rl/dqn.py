@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch import LightningModule
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -116,9 +117,14 @@ class DQN(EvaluatesEpisodes, LightningModule):
             Categorical(num_actions), eps_init=float(eps_start), eps_end=float(eps_end)
         )
 
+    @property
+    def _hp(self) -> AttributeDict:
+        # save_hyperparameters() stores an AttributeDict; hparams is typed as any mapping.
+        return cast(AttributeDict, self.hparams)
+
     def collection_policy(self) -> TensorDictSequential:
         """Epsilon-greedy acting policy that shares ``q_net`` (used by ``OnlineCollector``)."""
-        key = self.hparams.observation_key
+        key = self._hp.observation_key
         return TensorDictSequential(
             TensorDictModule(self.q_net, in_keys=[key], out_keys=["action_value"]),
             QValueModule(action_space="categorical"),
@@ -130,7 +136,7 @@ class DQN(EvaluatesEpisodes, LightningModule):
         return self.q_net(observation)
 
     def _epsilon(self) -> float:
-        hp = self.hparams
+        hp = self._hp
         progress = min(self.global_step / hp.eps_decay_steps, 1.0)
         return hp.eps_start + progress * (hp.eps_end - hp.eps_start)
 
@@ -138,7 +144,7 @@ class DQN(EvaluatesEpisodes, LightningModule):
         self.exploration.eps.fill_(self._epsilon())
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        hp = self.hparams
+        hp = self._hp
         key = hp.observation_key
         action = batch["action"].long().reshape(-1, 1)
         q_taken = self.q_net(batch[key]).gather(-1, action).squeeze(-1)
@@ -157,19 +163,21 @@ class DQN(EvaluatesEpisodes, LightningModule):
         per_item = F.smooth_l1_loss(q_taken, target, reduction="none")
         if "priority_weight" in batch.keys():
             loss = (batch["priority_weight"].to(per_item.dtype) * per_item).mean()
-            self.trainer.datamodule.update_priority(batch, td_error.abs())
+            datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+            datamodule.update_priority(batch, td_error.abs())
         else:
             loss = per_item.mean()
         # Lightning writes the logs after steps with (step + 1) % log_every_n_steps == 0.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        every = self.trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        if (self.global_step + 1) % every == 0:
             # self.log costs a metric update per call; log only when the logger writes.
             self.log("loss", loss.detach(), batch_size=q_taken.shape[0])
             self.log("epsilon", self.exploration.eps.item(), batch_size=q_taken.shape[0])
         return loss
 
     def on_train_batch_end(self, outputs: object, batch: TensorDictBase, batch_idx: int) -> None:
-        if self.global_step % self.hparams.target_update_interval == 0:
-            tau = self.hparams.tau
+        if self.global_step % self._hp.target_update_interval == 0:
+            tau = self._hp.tau
             with torch.no_grad():
                 for online, target in zip(
                     self.q_net.parameters(), self.target_net.parameters(), strict=True
@@ -179,4 +187,4 @@ class DQN(EvaluatesEpisodes, LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # One fused kernel per step instead of a loop over parameters: the optimizer is a
         # visible share of a small network's step.
-        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr, fused=True)
+        return torch.optim.Adam(self.q_net.parameters(), lr=self._hp.lr, fused=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from lightning.pytorch import LightningModule
@@ -102,7 +102,7 @@ class Evaluation:
         """Return of one episode of ``module.collection_policy()`` without exploration."""
         env = self._environment(module)
         env.set_seed(int(seed))
-        policy = module.collection_policy()
+        policy = cast(_PolicyModule, module).collection_policy()
         with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
             rollout = env.rollout(self.max_steps, policy, break_when_any_done=True)
         return float(rollout.get(("next", "reward")).sum())
@@ -127,7 +127,8 @@ class Evaluation:
 def _collector_env(module: LightningModule) -> EnvBase:
     from rb_lightning.rl.collector import OnlineCollector
 
-    collectors = [cb for cb in module.trainer.callbacks if isinstance(cb, OnlineCollector)]
+    callbacks = module.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+    collectors = [cb for cb in callbacks if isinstance(cb, OnlineCollector)]
     if not collectors:
         raise ValueError(
             f"{type(module).__name__} evaluates its policy in an environment, but none is "
@@ -135,6 +136,11 @@ def _collector_env(module: LightningModule) -> EnvBase:
             "from. Give the module evaluation=Evaluation(env='<gymnasium id>')."
         )
     return collectors[0].make_env(num_envs=1)
+
+
+class _PolicyModule(Protocol):
+    # What Evaluation needs of a module (nn.Module's __getattr__ hides it from type checkers).
+    def collection_policy(self) -> Any: ...
 
 
 class EvaluatesEpisodes:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch import LightningModule
 from tensordict import TensorDictBase
 from tensordict.nn import NormalParamExtractor, TensorDictModule
@@ -108,12 +110,17 @@ class SAC(EvaluatesEpisodes, LightningModule):
     # -- acting -----------------------------------------------------------------------------
     def _distribution(self, observation: torch.Tensor) -> TanhNormal:
         loc, scale = self.actor_net(observation)
-        hp = self.hparams
+        hp = self._hp
         return TanhNormal(loc, scale, low=hp.action_low, high=hp.action_high)
+
+    @property
+    def _hp(self) -> AttributeDict:
+        # save_hyperparameters() stores an AttributeDict; hparams is typed as any mapping.
+        return cast(AttributeDict, self.hparams)
 
     def collection_policy(self) -> ProbabilisticActor:
         """Stochastic acting policy sharing ``actor_net`` (used by ``OnlineCollector``)."""
-        hp = self.hparams
+        hp = self._hp
         return ProbabilisticActor(
             TensorDictModule(
                 self.actor_net, in_keys=[hp.observation_key], out_keys=["loc", "scale"]
@@ -134,7 +141,7 @@ class SAC(EvaluatesEpisodes, LightningModule):
         return torch.minimum(critics[0](inputs), critics[1](inputs)).squeeze(-1)
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        hp = self.hparams
+        hp = self._hp
         obs, action = batch[hp.observation_key], batch["action"]
         alpha = self.log_alpha.exp().detach()
 
@@ -149,7 +156,10 @@ class SAC(EvaluatesEpisodes, LightningModule):
             alive = (~batch["next", "terminated"]).reshape(-1).to(reward.dtype)
             target = reward + hp.gamma * alive * soft_next
         inputs = torch.cat([obs, action], dim=-1)
-        critic_loss = sum(F.mse_loss(q(inputs).squeeze(-1), target) for q in self.critics)
+        critic_1, critic_2 = self.critics
+        critic_loss = F.mse_loss(critic_1(inputs).squeeze(-1), target) + F.mse_loss(
+            critic_2(inputs).squeeze(-1), target
+        )
 
         dist = self._distribution(obs)
         new_action = dist.rsample()
@@ -161,7 +171,8 @@ class SAC(EvaluatesEpisodes, LightningModule):
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         loss = critic_loss + actor_loss + alpha_loss
         # Lightning writes the logs after steps with (step + 1) % log_every_n_steps == 0.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        every = self.trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        if (self.global_step + 1) % every == 0:
             size = obs.shape[0]
             self.log("critic_loss", critic_loss.detach(), batch_size=size)
             self.log("actor_loss", actor_loss.detach(), batch_size=size)
@@ -173,10 +184,10 @@ class SAC(EvaluatesEpisodes, LightningModule):
             for online, target in zip(
                 self.critics.parameters(), self.target_critics.parameters(), strict=True
             ):
-                target.lerp_(online, self.hparams.tau)
+                target.lerp_(online, self._hp.tau)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        hp = self.hparams
+        hp = self._hp
         return torch.optim.Adam(
             [
                 {"params": self.critics.parameters(), "lr": hp.critic_lr},
