@@ -13,6 +13,7 @@ from torchrl.data import (
     PrioritizedSampler,
     ReplayBuffer,
 )
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 
@@ -42,14 +43,7 @@ class Recorder(L.LightningModule):
 
 
 def trainer(**kwargs) -> L.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-    )
-    return L.Trainer(**{**defaults, **kwargs})
+    return quiet_trainer(**kwargs)
 
 
 def test_fit_just_works_with_defaults(tensor_rb):

@@ -30,6 +30,7 @@ from resume.resume_helpers import (
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.device_prefetch import (
@@ -183,12 +184,7 @@ class _Identity(L.LightningModule):
 
 
 def _quiet_trainer(**kwargs: Any) -> L.Trainer:
-    return L.Trainer(
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
+    return quiet_trainer(
         **kwargs,
     )
 

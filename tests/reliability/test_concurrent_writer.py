@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 
@@ -71,13 +72,8 @@ def test_thread_writer_during_fit_no_torn_rows_no_deadlock(prefetch):
     thread.start()
     model = Verifier()
     try:
-        L.Trainer(
+        quiet_trainer(
             max_steps=STEPS,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
         ).fit(model, datamodule=ReplayBufferDataModule(rb, batch_size=32, num_batches=None))
     finally:
         stop.set()

@@ -11,6 +11,7 @@ import torch
 from rb_testdata import make_transitions
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule, ReplayBufferDataset
 from rb_lightning.priorities import InvalidPriorityError, check_priority
@@ -139,13 +140,9 @@ class _Model(L.LightningModule):
 
 
 def _trainer(callback: L.Callback, steps: int) -> L.Trainer:
-    return L.Trainer(
+    return quiet_trainer(
         max_steps=steps,
         limit_train_batches=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[callback],
     )
 

@@ -20,6 +20,7 @@ from torchrl.data.replay_buffers.samplers import (
     RandomSampler,
     SamplerWithoutReplacement,
 )
+from trainers import quiet_trainer
 
 CAPACITY = 96
 INITIAL_ITEMS = 40
@@ -112,12 +113,9 @@ def make_trainer(
     checkpoint = ModelCheckpoint(
         dirpath=Path(root) / "ckpt", save_last=save_last, every_n_train_steps=every
     )
-    return L.Trainer(
+    return quiet_trainer(
         default_root_dir=str(root),
         max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[checkpoint],
         **kwargs,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 import rb_lightning.buffer_format as checkpoint_module
 from rb_lightning import ReplayBufferDataModule
@@ -54,14 +55,10 @@ def _fit(root: Path, rb: ReplayBuffer, steps: int, ckpt_path: Path | None = None
     datamodule = ReplayBufferDataModule(
         rb, batch_size=16, num_batches=None, checkpoint_inline_max_bytes=0
     )
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         default_root_dir=str(root),
         max_steps=steps,
         limit_train_batches=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     model = _Model()
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)

@@ -12,6 +12,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
 )
 from torchrl.envs import GymEnv
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.rl import DQN, OnlineCollector
@@ -22,13 +23,9 @@ CARTPOLE = {"categorical_action_encoding": True}
 
 
 def _trainer(max_steps: int, *callbacks: L.Callback) -> L.Trainer:
-    return L.Trainer(
+    return quiet_trainer(
         max_steps=max_steps,
         callbacks=list(callbacks),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError
@@ -105,8 +106,6 @@ def test_resuming_with_another_world_size_is_a_clear_error(runs, tmp_path):
     datamodule = ReplayBufferDataModule(
         ReplayBuffer(storage=LazyTensorStorage(256)), batch_size=8, num_batches=None
     )
-    trainer = L.Trainer(
-        max_steps=8, logger=False, enable_progress_bar=False, default_root_dir=tmp_path
-    )
+    trainer = quiet_trainer(max_steps=8, default_root_dir=tmp_path)
     with pytest.raises(BufferCheckpointError, match=r"(?s)2 process.*world_size=1"):
         trainer.fit(Collector(), datamodule=datamodule, ckpt_path=runs["ckpt"])

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError
@@ -97,12 +98,9 @@ class Prioritize(L.LightningModule):
 
 
 def _fit(rb: ReplayBuffer, root: Path, max_steps: int, ckpt: Path | None = None) -> Prioritize:
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         default_root_dir=str(root),
         max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=2)],
     )
     module = Prioritize()

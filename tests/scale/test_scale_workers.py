@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 
@@ -93,12 +94,8 @@ def test_persistent_memmap_workers_across_epochs_see_new_rows(tmp_path):
         rb, batch_size=32, num_batches=4, num_workers=2, persistent_workers=True
     )
     module = _RecordIds()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 12

@@ -1,0 +1,68 @@
+"""rb_lightning.checkpoint as a unit: where a buffer's state goes and how it comes back."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from rb_lightning.checkpoint import (
+    BufferCheckpointError,
+    BufferCheckpointIO,
+    BufferDumpRequest,
+    buffer_dir_for,
+    buffer_state,
+    restore_buffer_state,
+)
+
+
+def _buffer(n: int = 6) -> ReplayBuffer:
+    rb = ReplayBuffer(storage=LazyTensorStorage(16))
+    if n:
+        rb.extend(TensorDict({"id": torch.arange(n)}, batch_size=[n]))
+    return rb
+
+
+def test_small_buffer_is_packed_inline_and_restored():
+    state = buffer_state(_buffer())
+    assert state["location"] == "inline" and state["len"] == 6
+    restored = _buffer(0)
+    assert restore_buffer_state(restored, state) == []
+    assert restored[:6]["id"].tolist() == list(range(6))
+
+
+def test_large_buffer_becomes_a_request_that_refuses_pickling():
+    request = buffer_state(_buffer(), inline_max_bytes=0)
+    assert isinstance(request, BufferDumpRequest)
+    with pytest.raises(BufferCheckpointError, match="BufferCheckpointIO"):
+        pickle.dumps(request)
+
+
+def test_checkpoint_io_writes_beside_and_reads_back(tmp_path):
+    io = BufferCheckpointIO()
+    path = tmp_path / "step=1.ckpt"
+    io.save_checkpoint(
+        {"datamodule": {"buffer": buffer_state(_buffer(), inline_max_bytes=0)}}, path
+    )
+    versions = list(buffer_dir_for(path).iterdir())
+    assert len(versions) == 1 and not versions[0].name.endswith(".tmp")
+    loaded = io.load_checkpoint(path, weights_only=True)
+    restored = _buffer(0)
+    restore_buffer_state(restored, loaded["datamodule"]["buffer"], path)
+    assert restored.write_count == 6
+    io.remove_checkpoint(path)
+    assert not path.exists() and not buffer_dir_for(path).exists()
+
+
+def test_world_size_mismatch_is_refused():
+    state = {**buffer_state(_buffer()), "world_size": 2}
+    with pytest.raises(BufferCheckpointError, match=r"2 process\(es\).*world_size=1"):
+        restore_buffer_state(_buffer(0), state)
+
+
+def test_unknown_location_is_refused():
+    with pytest.raises(BufferCheckpointError, match="newer rb_lightning"):
+        restore_buffer_state(_buffer(0), {"location": "cloud"})
