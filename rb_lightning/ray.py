@@ -45,6 +45,7 @@ from rb_lightning.priorities import (
     check_priority,
     current_max_priority,
 )
+from rb_lightning.torchrl_compat import ray_buffer_actor
 
 #: Ray namespace used when none is given, so owners and clients agree by default.
 DEFAULT_NAMESPACE = "rb_lightning"
@@ -179,8 +180,7 @@ def _find_actor(
 
 
 def _actor(replay_buffer: RayReplayBuffer) -> Any:
-    # torchrl 0.14 keeps the actor handle in ``_rb`` (no public accessor); the view sets it too.
-    actor = getattr(replay_buffer, "_rb", None)
+    actor = ray_buffer_actor(replay_buffer)
     if actor is None:
         raise RuntimeError(f"{type(replay_buffer).__name__} is closed: it has no actor.")
     return actor

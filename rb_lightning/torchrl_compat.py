@@ -52,6 +52,7 @@ __all__ = [
     "is_dumps_directory",
     "is_empty_prefetch_pickle",
     "loads_with_strings",
+    "ray_buffer_actor",
     "read_dumps_items",
     "restore_non_tensor_columns",
     "sampler_attribute",
@@ -269,3 +270,11 @@ def sampler_attribute(sampler: Any, name: str) -> Any:
     """
     attribute = {arg: attr for attr, arg in SAMPLER_SETTINGS.items()}.get(name, name)
     return getattr(sampler, attribute, None)
+
+
+def ray_buffer_actor(replay_buffer: Any) -> Any:
+    """The Ray actor handle of a ``RayReplayBuffer`` (``rb._rb``), ``None`` once closed.
+
+    torchrl 0.14.1 has no public accessor; ``RayReplayBufferView`` sets the same name.
+    """
+    return getattr(replay_buffer, "_rb", None)
