@@ -6,6 +6,7 @@ from the step, so two runs that reach the same step write the same items.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,11 @@ from torchrl.data.replay_buffers.samplers import (
     RandomSampler,
     SamplerWithoutReplacement,
 )
-from trainers import quiet_trainer
+
+# The training scripts run as `python tests/resume/<script>.py` import this module with only
+# tests/resume on sys.path; tests/ holds the shared quiet_trainer.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainers import quiet_trainer  # noqa: E402
 
 CAPACITY = 96
 INITIAL_ITEMS = 40
