@@ -17,13 +17,6 @@ from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning._columns import leaf_keys
-from rb_lightning._sharding import is_remote
-from rb_lightning._validation import (
-    check_keys,
-    check_non_negative_int,
-    check_positive_int,
-    check_replay_buffer,
-)
 from rb_lightning.checkpoint import (
     DEFAULT_INLINE_MAX_BYTES,
     buffer_state,
@@ -56,7 +49,14 @@ from rb_lightning.priorities import (
     check_priority,
     current_max_priority,
 )
+from rb_lightning.sharding import is_remote
 from rb_lightning.sources import BufferSource, SourceError
+from rb_lightning.validation import (
+    check_keys,
+    check_non_negative_int,
+    check_positive_int,
+    check_replay_buffer,
+)
 
 AUTO = "auto"
 # Which sources each Lightning stage reads from.

@@ -29,15 +29,15 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import _columns
-from rb_lightning._pickling import pickled_without_generator, unpickle_buffer
-from rb_lightning._sharding import Shard, current_shard, draw_base_seed, is_remote
-from rb_lightning._validation import (
+from rb_lightning.device_prefetch import DevicePrefetcher
+from rb_lightning.pickling import pickled_without_generator, unpickle_buffer
+from rb_lightning.sharding import Shard, current_shard, draw_base_seed, is_remote
+from rb_lightning.validation import (
     check_device,
     check_keys,
     check_positive_int,
     check_replay_buffer,
 )
-from rb_lightning.device_prefetch import DevicePrefetcher
 
 logger = logging.getLogger(__name__)
 

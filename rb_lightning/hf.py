@@ -58,11 +58,11 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
 from rb_lightning import _columns
-from rb_lightning._sharding import current_shard, is_remote
-from rb_lightning._validation import check_keys, check_positive_int, check_replay_buffer
 from rb_lightning.datamodule import AUTO, ReplayBufferDataModule
 from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferDataset
 from rb_lightning.errors import UsageError
+from rb_lightning.sharding import current_shard, is_remote
+from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets

@@ -118,7 +118,7 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
     from tensordict import TensorDict
 
     from rb_lightning import ReplayBufferBatchDataset
-    from rb_lightning._sharding import Shard
+    from rb_lightning.sharding import Shard
 
     owner = _owner("seed")
     try:

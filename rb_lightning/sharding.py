@@ -1,0 +1,98 @@
+"""Where this iterator runs: DataLoader worker and distributed rank.
+
+Every copy of a buffer-backed dataset (one per DataLoader worker, one per DDP
+rank) must draw a different random stream and its own share of an epoch. This
+module answers "who am I" and derives seeds and shares from that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import get_worker_info
+
+# Large odd constants keep (seed, rank, worker) combinations far apart.
+_RANK_STRIDE = 1_000_003
+_WORKER_STRIDE = 7_919
+_EPOCH_STRIDE = 104_729
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Position of the running iterator among all workers of all ranks."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
+    worker_seed: int | None = None
+
+    @property
+    def is_replica(self) -> bool:
+        """True when other copies of this dataset sample concurrently."""
+        return self.world_size > 1 or self.num_workers > 1
+
+    def share(self, total: int) -> int:
+        """This worker's share of ``total`` items; the shares add up to ``total``."""
+        base, extra = divmod(total, self.num_workers)
+        return base + (1 if self.worker_id < extra else 0)
+
+    def seed(self, base_seed: int) -> int:
+        """A seed unique to (base_seed, rank, worker)."""
+        # In a worker, base_seed is drawn from the worker's own RNG, which advances every
+        # epoch: persistent workers must not replay the previous epoch's stream.
+        seed = base_seed if self.worker_seed is None else self.worker_seed ^ base_seed
+        return (seed + _RANK_STRIDE * self.rank + _WORKER_STRIDE * self.worker_id) % (2**63 - 1)
+
+    def epoch_seed(self, stream_seed: int, epoch: int, worker_id: int | None = None) -> int:
+        """A seed unique to (stream_seed, epoch, rank, worker), recomputable after a resume.
+
+        Unlike :meth:`seed`, it depends on no RNG state of the process, so a
+        checkpoint that records ``stream_seed`` and ``epoch`` reproduces it.
+        ``worker_id`` overrides the worker's own id (a resumed epoch deals the
+        workers' roles out shifted, see ``StreamCursor``).
+        """
+        worker = self.worker_id if worker_id is None else worker_id
+        mixed = (
+            stream_seed
+            + _EPOCH_STRIDE * (epoch + 1)
+            + _RANK_STRIDE * self.rank
+            + _WORKER_STRIDE * (worker + 1)
+        )
+        return mixed % (2**63 - 1)
+
+
+def current_shard() -> Shard:
+    """Describe the calling process: DataLoader worker (if any) and rank (if distributed)."""
+    rank, world_size = 0, 1
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    info = get_worker_info()
+    if info is None:
+        return Shard(rank=rank, world_size=world_size)
+    return Shard(
+        rank=rank,
+        world_size=world_size,
+        worker_id=info.id,
+        num_workers=info.num_workers,
+        worker_seed=info.seed,
+    )
+
+
+def draw_base_seed() -> int:
+    """A seed drawn from torch's global RNG, as ``DataLoader`` does for its workers."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def is_remote(replay_buffer: object) -> bool:
+    """Whether the buffer is served by an actor (``service_backend="ray"``, ``RayReplayBuffer``).
+
+    Such a buffer is one shared sampler, not a per-process copy: it is neither
+    re-seeded per worker or rank nor checkpointed by this process.
+    """
+    return getattr(replay_buffer, "service_backend", "direct") != "direct"
+
+
+__all__ = ["Shard", "current_shard", "draw_base_seed", "is_remote"]

@@ -1,0 +1,118 @@
+"""Argument checks shared by the datasets and the DataModule.
+
+Each check names the argument, what it got and how to fix it, so bad input
+fails at construction instead of deep inside a sampler or a worker.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any, Literal, overload
+
+import torch
+from tensordict.utils import NestedKey
+from torchrl.data import ReplayBuffer
+
+
+def check_replay_buffer(replay_buffer: Any, name: str = "replay_buffer") -> ReplayBuffer:
+    """``replay_buffer`` itself if it is a torchrl ``ReplayBuffer``, else a ``TypeError`` that says how."""
+    if not isinstance(replay_buffer, ReplayBuffer):
+        raise TypeError(
+            f"{name} must be a torchrl ReplayBuffer instance, got {type(replay_buffer).__name__}. "
+            "Wrap your data in torchrl.data.ReplayBuffer(storage=...) first."
+        )
+    return replay_buffer
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a plain ``int`` if it is an integer of any kind, else ``None``.
+
+    Accepts Python and numpy integers (any ``numbers.Integral``) and 0-d
+    integer tensors (``torch.tensor(8)``), which config arithmetic and
+    ``len()`` of arrays produce. ``bool`` is refused: ``True`` as a batch size is
+    a bug, not 1.
+    """
+    if isinstance(value, bool):  # numpy.bool_ is not Integral: refused below
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.dtype.is_floating_point
+        and not value.dtype.is_complex
+        and value.dtype != torch.bool
+    ):
+        return int(value.item())
+    return None
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: Literal[False] = ...) -> int: ...
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
+def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
+    """``value`` as a positive ``int`` (``None`` passes through with ``allow_none``), else ``ValueError``."""
+    if value is None and allow_none:
+        return None
+    number = as_int(value)
+    if number is None or number <= 0:
+        suffix = " or None (unbounded stream)" if allow_none else ""
+        raise ValueError(f"{name} must be a positive integer{suffix}, got {value!r}.")
+    return number
+
+
+def check_non_negative_int(value: Any, name: str) -> int:
+    """``value`` as an ``int`` >= 0, else ``ValueError``."""
+    number = as_int(value)
+    if number is None or number < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+    return number
+
+
+def check_keys(keys: Any) -> list[NestedKey] | None:
+    if keys is None:
+        return None
+    if isinstance(keys, (str, tuple)) or not isinstance(keys, Sequence):
+        raise TypeError(
+            f"keys must be a list of keys (strings, or tuples of strings for nested keys), "
+            f"got {keys!r}. Example: keys=['obs', ('next', 'reward')]."
+        )
+    checked: list[NestedKey] = []
+    for key in keys:
+        is_nested = isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)
+        if not (isinstance(key, str) or is_nested):
+            raise TypeError(
+                f"keys must hold strings or tuples of strings, got {key!r} "
+                f"({type(key).__name__}). Nested keys are tuples: ('next', 'reward')."
+            )
+        checked.append(key[0] if isinstance(key, tuple) and len(key) == 1 else key)
+    if not checked:
+        raise ValueError("keys must not be empty; pass keys=None to keep every key.")
+    return checked
+
+
+def check_device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a valid torch device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r} was requested but CUDA is not available on this machine. "
+            "Pass device=None (keep tensors on CPU) or device='cpu'."
+        )
+    return device
+
+
+__all__ = [
+    "as_int",
+    "check_device",
+    "check_keys",
+    "check_non_negative_int",
+    "check_positive_int",
+    "check_replay_buffer",
+]
