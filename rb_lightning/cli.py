@@ -222,9 +222,7 @@ def _checkpoint_dirs(trainer: Namespace) -> list[Path]:
     dirs = []
     for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
         # ModelCheckpoint and its subclasses (rb_lightning.runs.FinalLastCheckpoint).
-        if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith(
-            "Checkpoint"
-        ):
+        if isinstance(entry, Namespace) and str(entry.get("class_path", "")).endswith("Checkpoint"):
             dirpath = (entry.get("init_args") or Namespace()).get("dirpath")
             if dirpath is not None:
                 dirs.append(Path(dirpath))

@@ -28,7 +28,6 @@ from rb_lightning.checkpoint import (
     restore_remote_buffer_state,
 )
 from rb_lightning.dataset import (
-    SAMPLER_INFO_KEYS,
     ReplayBufferBatchDataset,
     ReplayBufferPassDataset,
     ResumableBatchLoader,
@@ -51,6 +50,7 @@ from rb_lightning.priorities import (
 )
 from rb_lightning.sharding import is_remote
 from rb_lightning.sources import BufferSource, SourceError
+from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -553,6 +553,42 @@ class ReplayBufferDataModule(LightningDataModule):
         """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
         if self._prefetcher is not None:
             self._prefetcher.clear()
+
+    # -- export -----------------------------------------------------------------------------
+    def as_hf_dataset(self, **options: Any) -> Any:
+        """The training stream as a Hugging Face dataset, for TRL (needs the ``hf`` extra).
+
+        Samples :attr:`replay_buffer` with this module's ``batch_size``, ``keys``,
+        ``min_size`` and ``wait_timeout``; ``num_batches="auto"`` becomes one
+        pass over the buffer's current size. ``options`` go to
+        :func:`rb_lightning.hf.to_hf_dataset` and override them.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> from rb_lightning import ReplayBufferDataModule
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+            >>> ds = ReplayBufferDataModule(rb, batch_size=4).as_hf_dataset()
+            >>> len(list(ds))  # "auto": 8 items / 4 per batch = 2 batches
+            8
+        """
+        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+
+        num_batches = self.num_batches
+        if num_batches == AUTO:
+            num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))
+        stream = BufferStream(
+            self.replay_buffer,
+            self.batch_size,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
+        options = {"num_batches": num_batches, **options}
+        if options.get("keys") is None:
+            options["keys"] = self.keys
+        return to_hf_dataset(stream, **options)
 
     # -- state ------------------------------------------------------------------------------
     @property

@@ -44,12 +44,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -58,10 +57,9 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
 from rb_lightning import _columns
-from rb_lightning.datamodule import AUTO, ReplayBufferDataModule
-from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferDataset
 from rb_lightning.errors import UsageError
-from rb_lightning.sharding import current_shard, is_remote
+from rb_lightning.sharding import Shard, current_shard, is_remote
+from rb_lightning.stream import BufferStream
 from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,50 +113,38 @@ def _require_hf() -> tuple[Any, Any]:
 # -- what to export ------------------------------------------------------------------------------
 @dataclass
 class _Plan:
-    """The buffer and the sampling arguments behind one export."""
+    """The stream and the export arguments behind one export."""
 
-    replay_buffer: ReplayBuffer
-    batch_size: int
+    stream: BufferStream
     keys: list[NestedKey] | None
     num_batches: int | None
-    min_size: int | None = None
-    wait_timeout: float = 600.0
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        return self.stream.replay_buffer
+
+    @property
+    def batch_size(self) -> int:
+        return self.stream.batch_size
 
 
-def _plan(source: Any, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
-    if isinstance(source, ReplayBufferDataset):
-        plan = _Plan(
-            source.replay_buffer,
-            source.batch_size,
-            source.keys,
-            source.num_batches,
-            source._min_size,
-            source._wait_timeout,
-        )
-    elif isinstance(source, ReplayBufferDataModule):
-        size = source.batch_size
-        batches = source.num_batches
-        if batches == AUTO:
-            batches = max(1, math.ceil(len(source.replay_buffer) / size))
-        plan = _Plan(
-            source.replay_buffer, size, source.keys, batches, source.min_size, source.wait_timeout
-        )
-    elif isinstance(source, ReplayBuffer):
-        plan = _Plan(source, DEFAULT_BATCH_SIZE, None, None)
-    else:
-        raise TypeError(
-            "to_hf_dataset(source) takes a torchrl ReplayBuffer, a ReplayBufferDataset or a "
-            f"ReplayBufferDataModule, got {type(source).__name__}."
-        )
-    if batch_size is not None:
-        plan.batch_size = check_positive_int(batch_size, "batch_size")
-    if keys is not None:
-        plan.keys = check_keys(keys)
-    if num_batches is not _UNSET:
-        plan.num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
-    if plan.keys is not None:
-        _columns.check_unique_names(plan.keys)
-    return plan
+def _plan(
+    source: ReplayBuffer | BufferStream, batch_size: Any, keys: Any, num_batches: Any
+) -> _Plan:
+    if isinstance(source, ReplayBuffer):
+        source = BufferStream(source, DEFAULT_BATCH_SIZE)
+    # A stream of its own: the export seeds and counts it, the source's stays as it is.
+    stream = BufferStream(
+        source.replay_buffer,
+        source.batch_size if batch_size is None else batch_size,
+        min_size=source.min_size,
+        wait_timeout=source.wait_timeout,
+    )
+    checked_keys = None if keys is None else check_keys(keys)
+    if checked_keys is not None:
+        _columns.check_unique_names(checked_keys)
+    batches = None if num_batches is _UNSET else num_batches
+    return _Plan(stream, checked_keys, check_positive_int(batches, "num_batches", allow_none=True))
 
 
 # -- features ------------------------------------------------------------------------------------
@@ -325,7 +311,7 @@ def _arrow_table(batch: Any, columns: Mapping[str, NestedKey], schema: pa.Schema
 class _StreamSpec:
     """Everything a shard generator needs; pickled into DataLoader workers."""
 
-    sampler: ReplayBufferBatchDataset
+    sampler: BufferStream
     columns: dict[str, NestedKey]
     schema: Any
     num_batches: int | None
@@ -334,11 +320,6 @@ class _StreamSpec:
     seed: int = 0
     #: Passes started in this process (identical streams: part of each batch's seed).
     passes: int = 0
-
-
-def _shard_batches(total: int, n_shards: int, shard: int) -> int:
-    base, extra = divmod(total, n_shards)
-    return base + (1 if shard < extra else 0)
 
 
 def _batch_seed(seed: int, pass_: int, batch: int) -> int:
@@ -360,21 +341,20 @@ def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tup
         if shard.world_size > 1 and shard.worker_seed is None:  # a rank's own process
             _refuse_group_trainer(shard.world_size)
         # A copy of the buffer in a worker process or on another rank: draw its own stream.
-        sampler._seed_replica(shard)
-    sampler._wait_until_ready()
+        sampler.seed_replica(shard)
+    sampler.wait_until_ready()
     budget = None
     if spec_.num_batches is not None:
-        budget = sum(_shard_batches(spec_.num_batches, spec_.n_shards, s) for s in shards)
-    rb = sampler.replay_buffer
+        total = spec_.num_batches
+        budget = sum(Shard(worker_id=s, num_workers=spec_.n_shards).share(total) for s in shards)
     for drawn in count():
         if budget is not None and drawn >= budget:
             return
         if identical:
             # Re-seeded per batch, from (seed, pass, batch) only: every process draws the
             # same batch whatever else sampled this buffer in between.
-            rb.set_rng(torch.Generator().manual_seed(_batch_seed(spec_.seed, pass_, drawn)))
-        batch = sampler._sample()
-        sampler.batches_served += 1
+            sampler.reseed(_batch_seed(spec_.seed, pass_, drawn))
+        batch = sampler.sample()
         yield f"{shards[0]}_{drawn}", _arrow_table(batch, spec_.columns, spec_.schema)
 
 
@@ -502,16 +482,8 @@ def _stream(
             f"n_shards={n_shards} exceeds num_batches={plan.num_batches}: some shards would be "
             "empty. Lower n_shards, or raise num_batches."
         )
-    sampler = ReplayBufferBatchDataset(
-        plan.replay_buffer,
-        plan.batch_size,
-        keys=plan.keys,
-        num_batches=None,
-        min_size=plan.min_size,
-        wait_timeout=plan.wait_timeout,
-    )
     spec = _StreamSpec(
-        sampler, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
+        plan.stream, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
     )
     # Lists in the kwargs are shards for `datasets`; everything else goes in a tuple.
     iterable = ArrowExamplesIterable(
@@ -558,8 +530,21 @@ def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
 
 
 # -- public API ----------------------------------------------------------------------------------
+class SupportsHFExport(Protocol):
+    """What :func:`to_hf_dataset` accepts besides a buffer and a stream: an ``as_hf_dataset``.
+
+    :class:`~rb_lightning.ReplayBufferDataset`, :class:`~rb_lightning.ReplayBufferBatchDataset`,
+    :class:`~rb_lightning.ReplayBufferPassDataset` and
+    :class:`~rb_lightning.ReplayBufferDataModule` have one: it fills in their own
+    sampling arguments and calls :func:`to_hf_dataset` with their
+    :class:`~rb_lightning.stream.BufferStream`.
+    """
+
+    def as_hf_dataset(self, **options: Any) -> Any: ...
+
+
 def to_hf_dataset(
-    source: ReplayBuffer | ReplayBufferDataset | ReplayBufferDataModule,
+    source: ReplayBuffer | BufferStream | SupportsHFExport,
     *,
     streaming: bool = True,
     keys: list[NestedKey] | None = None,
@@ -573,10 +558,12 @@ def to_hf_dataset(
     """A replay buffer as a Hugging Face dataset, for ``trl`` / ``transformers`` trainers.
 
     Args:
-        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.ReplayBufferDataset`
-            or a :class:`~rb_lightning.ReplayBufferDataModule`. Its buffer,
-            ``batch_size``, ``keys``, ``num_batches`` (and ``min_size``) are
-            the defaults of the arguments below.
+        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
+            or an object with ``as_hf_dataset`` (the datasets of
+            :mod:`rb_lightning.dataset`, :class:`~rb_lightning.ReplayBufferDataModule`),
+            to which the call is handed: its buffer, ``batch_size``, ``keys``,
+            ``num_batches`` (and ``min_size``) are the defaults of the
+            arguments below.
 
     Keyword Args:
         streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
@@ -645,6 +632,26 @@ def to_hf_dataset(
         True
     """
     _require_hf()
+    if not isinstance(source, (ReplayBuffer, BufferStream)):
+        as_hf_dataset = getattr(source, "as_hf_dataset", None)
+        if not callable(as_hf_dataset):
+            raise TypeError(
+                "to_hf_dataset(source) takes a torchrl ReplayBuffer, a BufferStream, or an object "
+                "with as_hf_dataset() (ReplayBufferDataset, ReplayBufferBatchDataset, "
+                f"ReplayBufferDataModule), got {type(source).__name__}."
+            )
+        options: dict[str, Any] = dict(
+            streaming=streaming,
+            keys=keys,
+            batch_size=batch_size,
+            features=features,
+            n_shards=n_shards,
+            ranks=ranks,
+            seed=seed,
+        )
+        if num_batches is not _UNSET:
+            options["num_batches"] = num_batches
+        return as_hf_dataset(**options)
     plan = _plan(source, batch_size, keys, num_batches)
     resolved, columns = _resolve_features(plan, features)
     if streaming:
@@ -840,6 +847,7 @@ def _is_prefix(key: NestedKey, stored: list[NestedKey]) -> bool:
 __all__ = [
     "IDENTICAL",
     "PER_RANK",
+    "SupportsHFExport",
     "export_main",
     "from_hf_dataset",
     "infer_features",
