@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 import torch.distributed as dist
@@ -58,7 +58,7 @@ from rb_lightning.validation import (
     check_replay_buffer,
 )
 
-AUTO = "auto"
+AUTO: Final = "auto"
 # Which sources each Lightning stage reads from.
 _SOURCES_FOR_STAGE = {
     "fit": ("source", "val_source"),
@@ -250,25 +250,26 @@ class ReplayBufferDataModule(LightningDataModule):
         self.min_size = check_positive_int(min_size, "min_size", allow_none=True)
         self.wait_timeout = wait_timeout
         self.source, self.val_source, self.test_source = source, val_source, test_source
-        self._unfilled = [
-            (name, src, buffer)
-            for name, src, buffer, buffer_name in (
-                ("source", source, self.replay_buffer, "replay_buffer"),
-                ("val_source", val_source, self.val_buffer, "val_buffer"),
-                ("test_source", test_source, self.test_buffer, "test_buffer"),
-            )
-            if _check_source(src, name, buffer, buffer_name) is not None
-        ]
+        self._unfilled: list[tuple[str, BufferSource, ReplayBuffer]] = []
+        for name, src, buffer, buffer_name in (
+            ("source", source, self.replay_buffer, "replay_buffer"),
+            ("val_source", val_source, self.val_buffer, "val_buffer"),
+            ("test_source", test_source, self.test_buffer, "test_buffer"),
+        ):
+            checked = _check_source(src, name, buffer, buffer_name)
+            if checked is not None and buffer is not None:  # a source without a buffer raised
+                self._unfilled.append((name, checked, buffer))
         self._check_storage_device()
         self._check_workers_fit_buffer()
         self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
-        # val/test hooks when there is data behind them.
+        # val/test hooks, on this instance, when there is data behind them.
         self.eval_from_model = bool(eval_from_model)
+        hooks = vars(self)
         if self.val_buffer is not None or self.eval_from_model:
-            self.val_dataloader = self._val_dataloader
+            hooks["val_dataloader"] = self._val_dataloader
         if self.test_buffer is not None or self.eval_from_model:
-            self.test_dataloader = self._test_dataloader
+            hooks["test_dataloader"] = self._test_dataloader
         # The training stream's position: taken batches, read-ahead, epoch and seed. The
         # train loader reports it to Lightning's checkpoints; no batch hook touches it.
         self._stream = StreamState(
@@ -352,7 +353,7 @@ class ReplayBufferDataModule(LightningDataModule):
             )
 
     def _resolve_num_batches(self) -> int | None:
-        if self.num_batches != AUTO:
+        if not isinstance(self.num_batches, str):  # an int or None, not "auto"
             return self.num_batches
         size = len(self.replay_buffer)
         if size == 0:

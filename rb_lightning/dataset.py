@@ -81,7 +81,9 @@ class _BatchLoader(DataLoader):
     With workers or pinning it is a plain ``DataLoader``.
     """
 
-    def __iter__(self) -> Iterator[Any]:
+    # torch annotates DataLoader.__iter__ with its private _BaseDataLoaderIter, which no
+    # subclass can return without re-implementing it; callers only use next().
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         direct = (
             self.num_workers == 0
             and not self.pin_memory
@@ -313,7 +315,7 @@ class ResumableBatchLoader(_BatchLoader):
         self.stream = stream
         self.prefetcher = prefetcher
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # see _BatchLoader
         replay = self.stream.begin_iterator()  # before workers (re)start: they read the cursor
         if self.prefetcher is not None:
             self.prefetcher.clear()  # copies of an earlier iterator's read-ahead: never used

@@ -48,7 +48,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import numpy as np
 import torch
@@ -77,9 +78,9 @@ CHUNK_SIZE = 8_192
 DEFAULT_STREAM_SHARDS = 8
 #: Every process draws the same stream (same seed, same buffer content); Accelerate
 #: hands each process its slice of each global batch.
-IDENTICAL = "identical"
+IDENTICAL: Final = "identical"
 #: Every process (and DataLoader worker) draws its own random stream from its own shards.
-PER_RANK = "per_rank"
+PER_RANK: Final = "per_rank"
 RANKS = (IDENTICAL, PER_RANK)
 #: Items read from storage to infer the features of a stream.
 _PROBE_SIZE = 16
@@ -186,6 +187,14 @@ def _column_feature(name: str, col: torch.Tensor | list[Any], fixed: bool) -> An
     return datasets.features.features.generate_from_arrow_type(arrow_type)
 
 
+def _empty_buffer_error() -> ValueError:
+    return ValueError(
+        "The replay buffer is empty, so its features cannot be read from it. Fill it first, "
+        "or pass features=datasets.Features({...}) (e.g. for a stream that waits for a "
+        "collector with min_size)."
+    )
+
+
 def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None = None) -> Any:
     """The ``datasets.Features`` an export of ``replay_buffer`` will have.
 
@@ -207,11 +216,7 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     check_replay_buffer(replay_buffer)
     size = len(replay_buffer)
     if size == 0:
-        raise ValueError(
-            "The replay buffer is empty, so its features cannot be read from it. Fill it first, "
-            "or pass features=datasets.Features({...}) (e.g. for a stream that waits for a "
-            "collector with min_size)."
-        )
+        raise _empty_buffer_error()
     probe = replay_buffer[0 : min(size, _PROBE_SIZE)]
     selected = _columns.leaf_keys(probe) if keys is None else list(keys)
     _columns.check_unique_names(selected)
@@ -230,7 +235,7 @@ def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, Nested
         )
     if len(plan.replay_buffer) == 0:
         if not features:
-            infer_features(plan.replay_buffer)  # raises the "empty buffer" error
+            raise _empty_buffer_error()
         keys = plan.keys or [_key_of(name) for name in features]
         resolved = datasets.Features(dict(features))
     else:
@@ -367,7 +372,10 @@ def _group_trainer() -> Any:
     """
     import threading
 
-    stacks = [sys._getframe(1), sys._current_frames().get(threading.main_thread().ident)]
+    stacks: list[FrameType | None] = [sys._getframe(1)]
+    main = threading.main_thread().ident
+    if main is not None:
+        stacks.append(sys._current_frames().get(main))
     for frame in stacks:
         while frame is not None:
             owner = frame.f_locals.get("self")
@@ -397,7 +405,9 @@ def _refuse_group_trainer(world_size: int) -> None:
     )
 
 
-def _check_ranks(ranks: Any, seed: Any, n_shards: Any) -> tuple[str, int]:
+def _check_ranks(
+    ranks: Any, seed: Any, n_shards: Any
+) -> tuple[Literal["identical", "per_rank"], int]:
     if ranks not in RANKS:
         raise UsageError(
             "ranks",

@@ -96,12 +96,13 @@ class BufferStream:
             raise ValueError(
                 f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}."
             )
-        self._wait_timeout = float(wait_timeout)
+        self._wait_timeout: float = float(wait_timeout)
         #: Whether batches get sampler info attached; None until the first draw decides.
         self._attach_info: bool | None = None
         #: Whether draws go through the sampler and storage directly (see _draw_direct).
-        self._direct = False
-        self.batches_drawn = 0
+        self._direct: bool = False
+        #: Batches drawn so far by this copy of the stream.
+        self.batches_drawn: int = 0
 
     # -- read-only configuration ------------------------------------------------------------
     @property
