@@ -28,6 +28,7 @@ Run from the repository root::
     python benchmarks/throughput.py --quick      # a few shapes, ~2 minutes
     python benchmarks/throughput.py              # the full grid (~18 min on 2 busy cores)
     python benchmarks/throughput.py --clock cpu  # process CPU time: steadier on a shared box
+    python benchmarks/throughput.py --per        # the PrioritizedSampler loader rows only
 """
 
 from __future__ import annotations
@@ -737,6 +738,21 @@ def quick_plan() -> Plan:
     )
 
 
+def per_plan() -> Plan:
+    """The prioritized-sampler rows of the full grid only (loaders, no Trainer): ~6 min."""
+    full = full_plan()
+    return Plan(
+        loader_shapes=[s for s in full.loader_shapes if s.sampler == "prioritized"],
+        trainer_shapes=[],
+        rss_shape=None,
+        rss_batches=0,
+        scaling_sizes=[],
+        scaling_storages=[],
+        repeats=full.repeats,
+        min_seconds=full.min_seconds,
+    )
+
+
 def smoke_plan() -> Plan:
     """A tiny config that runs every code path in seconds (for the test suite)."""
     return Plan(
@@ -768,7 +784,8 @@ def run(plan: Plan, scratch: str, echo: Callable[[str], None] = print) -> str:
             trainer_results.append(measure_trainer(shape, rb, plan.repeats, plan.min_seconds))
             echo(f"  measured Trainer {shape.label}")
             del rb
-        sections += ["", "### Inside `Trainer.fit`", "", trainer_table(trainer_results)]
+        if trainer_results:
+            sections += ["", "### Inside `Trainer.fit`", "", trainer_table(trainer_results)]
         if plan.rss_shape is not None:
             rss = measure_rss(plan.rss_shape, plan.rss_batches)
             echo("  measured peak RSS")
@@ -798,6 +815,9 @@ def main(argv: list[str] | None = None) -> str:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a few shapes, about 2 minutes")
     mode.add_argument("--smoke", action="store_true", help="tiny config, checks it runs")
+    mode.add_argument(
+        "--per", action="store_true", help="the prioritized-sampler loader rows of the full grid"
+    )
     parser.add_argument("--repeats", type=int, help="override repeats per shape")
     parser.add_argument("--min-seconds", type=float, help="override seconds per measurement")
     parser.add_argument("--scratch", help="directory for memmap storages (default: a temp dir)")
@@ -819,7 +839,8 @@ def main(argv: list[str] | None = None) -> str:
             report = json.dumps(task(spec))
         print(report)
         return report
-    plan = smoke_plan() if args.smoke else quick_plan() if args.quick else full_plan()
+    plans = {"smoke": smoke_plan, "quick": quick_plan, "per": per_plan}
+    plan = next((make for name, make in plans.items() if getattr(args, name)), full_plan)()
     if args.repeats:
         plan.repeats = args.repeats
     if args.min_seconds is not None:

@@ -7,7 +7,6 @@ called.
 
 from rb_lightning.datamodule import ReplayBufferDataModule
 from rb_lightning.dataset import (
-    SAMPLER_INFO_KEYS,
     ReplayBufferBatchDataset,
     ReplayBufferDataset,
     ReplayBufferPassDataset,
@@ -18,8 +17,10 @@ from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
 from rb_lightning.runs import FinalLastCheckpoint, RunLogger
+from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
 
 __all__ = [
+    "BufferStream",
     "FinalLastCheckpoint",
     "SAMPLER_INFO_KEYS",
     "ReplayBufferBatchDataset",

@@ -54,7 +54,7 @@ import shutil
 import tarfile
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ from torchrl.data.replay_buffers.storages import (
 )
 
 from rb_lightning import torchrl_compat
-from rb_lightning._sharding import is_remote
+from rb_lightning.sharding import is_remote
 
 __all__ = [
     "FORMAT_VERSION",
@@ -152,7 +152,7 @@ def buffer_nbytes(replay_buffer: ReplayBuffer) -> int:
             return data.numel() * data.element_size()
         if isinstance(data, TensorDictBase):
             return int(data.bytes())
-        return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(data))
+        return sum(t.numel() * t.element_size() for t in _tensor_leaves(data))
     total = 0
     for item in torchrl_compat.storage_content(storage) or []:
         if isinstance(item, TensorDictBase):
@@ -972,3 +972,15 @@ class BufferCheckpointAdapter(CheckpointAdapter):
         del map_location, tensor_load_kwargs, args, kwargs
         pending = load_buffer(component, path)
         return pending or None
+
+
+def _tensor_leaves(data: Any) -> Iterator[torch.Tensor]:
+    """The tensors inside nested dicts, lists and tuples (a storage of plain containers)."""
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, dict):
+        for value in data.values():
+            yield from _tensor_leaves(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _tensor_leaves(value)

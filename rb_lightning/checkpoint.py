@@ -60,8 +60,6 @@ from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.storages import ListStorage
 
-from rb_lightning._sharding import is_remote
-
 # The on-disk format, re-exported: ``rb_lightning.checkpoint`` has been its home.
 from rb_lightning.buffer_format import (
     FORMAT_VERSION,
@@ -88,6 +86,7 @@ from rb_lightning.buffer_format import (
     write_version,
     writes_filled_rows_only,
 )
+from rb_lightning.sharding import is_remote
 
 __all__ = [
     "BUFFER_DIR_SUFFIX",

@@ -33,8 +33,8 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
-from rb_lightning._columns import normalize_key
 from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.columns import normalize_key
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 import torch.distributed as dist
@@ -16,14 +16,7 @@ from torch.utils.data import DataLoader
 from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning._columns import leaf_keys
-from rb_lightning._sharding import is_remote
-from rb_lightning._validation import (
-    check_keys,
-    check_non_negative_int,
-    check_positive_int,
-    check_replay_buffer,
-)
+from rb_lightning import torchrl_compat
 from rb_lightning.checkpoint import (
     DEFAULT_INLINE_MAX_BYTES,
     buffer_state,
@@ -34,8 +27,8 @@ from rb_lightning.checkpoint import (
     restore_buffer_state,
     restore_remote_buffer_state,
 )
+from rb_lightning.columns import leaf_keys
 from rb_lightning.dataset import (
-    SAMPLER_INFO_KEYS,
     ReplayBufferBatchDataset,
     ReplayBufferPassDataset,
     ResumableBatchLoader,
@@ -56,9 +49,17 @@ from rb_lightning.priorities import (
     check_priority,
     current_max_priority,
 )
+from rb_lightning.sharding import is_remote
 from rb_lightning.sources import BufferSource, SourceError
+from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.validation import (
+    check_keys,
+    check_non_negative_int,
+    check_positive_int,
+    check_replay_buffer,
+)
 
-AUTO = "auto"
+AUTO: Final = "auto"
 # Which sources each Lightning stage reads from.
 _SOURCES_FOR_STAGE = {
     "fit": ("source", "val_source"),
@@ -69,7 +70,7 @@ _SOURCES_FOR_STAGE = {
 
 def _in_shared_memory(storage: TensorStorage) -> bool:
     """Whether a tensor storage's rows live in shared memory or memory-mapped files."""
-    rows = getattr(storage, "_storage", None)
+    rows = torchrl_compat.storage_content(storage)
     if rows is None:  # not initialised: each process would allocate its own rows
         return False
     if isinstance(rows, TensorDictBase):
@@ -250,25 +251,26 @@ class ReplayBufferDataModule(LightningDataModule):
         self.min_size = check_positive_int(min_size, "min_size", allow_none=True)
         self.wait_timeout = wait_timeout
         self.source, self.val_source, self.test_source = source, val_source, test_source
-        self._unfilled = [
-            (name, src, buffer)
-            for name, src, buffer, buffer_name in (
-                ("source", source, self.replay_buffer, "replay_buffer"),
-                ("val_source", val_source, self.val_buffer, "val_buffer"),
-                ("test_source", test_source, self.test_buffer, "test_buffer"),
-            )
-            if _check_source(src, name, buffer, buffer_name) is not None
-        ]
+        self._unfilled: list[tuple[str, BufferSource, ReplayBuffer]] = []
+        for name, src, buffer, buffer_name in (
+            ("source", source, self.replay_buffer, "replay_buffer"),
+            ("val_source", val_source, self.val_buffer, "val_buffer"),
+            ("test_source", test_source, self.test_buffer, "test_buffer"),
+        ):
+            checked = _check_source(src, name, buffer, buffer_name)
+            if checked is not None and buffer is not None:  # a source without a buffer raised
+                self._unfilled.append((name, checked, buffer))
         self._check_storage_device()
         self._check_workers_fit_buffer()
         self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
-        # val/test hooks when there is data behind them.
+        # val/test hooks, on this instance, when there is data behind them.
         self.eval_from_model = bool(eval_from_model)
+        hooks = vars(self)
         if self.val_buffer is not None or self.eval_from_model:
-            self.val_dataloader = self._val_dataloader
+            hooks["val_dataloader"] = self._val_dataloader
         if self.test_buffer is not None or self.eval_from_model:
-            self.test_dataloader = self._test_dataloader
+            hooks["test_dataloader"] = self._test_dataloader
         # The training stream's position: taken batches, read-ahead, epoch and seed. The
         # train loader reports it to Lightning's checkpoints; no batch hook touches it.
         self._stream = StreamState(
@@ -343,7 +345,7 @@ class ReplayBufferDataModule(LightningDataModule):
         # A prefetching buffer samples ahead with its own batch_size and returns those
         # batches whatever size sample() asks for (torchrl only warns).
         rb = self.replay_buffer
-        own = getattr(rb, "_batch_size", None)
+        own = torchrl_compat.default_batch_size(rb)
         if getattr(rb, "_prefetch", False) and own != self.batch_size:
             raise ValueError(
                 f"The replay buffer prefetches batches of its own batch_size={own}, but the "
@@ -352,7 +354,7 @@ class ReplayBufferDataModule(LightningDataModule):
             )
 
     def _resolve_num_batches(self) -> int | None:
-        if self.num_batches != AUTO:
+        if not isinstance(self.num_batches, str):  # an int or None, not "auto"
             return self.num_batches
         size = len(self.replay_buffer)
         if size == 0:
@@ -553,6 +555,42 @@ class ReplayBufferDataModule(LightningDataModule):
         """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
         if self._prefetcher is not None:
             self._prefetcher.clear()
+
+    # -- export -----------------------------------------------------------------------------
+    def as_hf_dataset(self, **options: Any) -> Any:
+        """The training stream as a Hugging Face dataset, for TRL (needs the ``hf`` extra).
+
+        Samples :attr:`replay_buffer` with this module's ``batch_size``, ``keys``,
+        ``min_size`` and ``wait_timeout``; ``num_batches="auto"`` becomes one
+        pass over the buffer's current size. ``options`` go to
+        :func:`rb_lightning.hf.to_hf_dataset` and override them.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> from rb_lightning import ReplayBufferDataModule
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+            >>> ds = ReplayBufferDataModule(rb, batch_size=4).as_hf_dataset()
+            >>> len(list(ds))  # "auto": 8 items / 4 per batch = 2 batches
+            8
+        """
+        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+
+        num_batches = self.num_batches
+        if num_batches == AUTO:
+            num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))
+        stream = BufferStream(
+            self.replay_buffer,
+            self.batch_size,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
+        options = {"num_batches": num_batches, **options}
+        if options.get("keys") is None:
+            options["keys"] = self.keys
+        return to_hf_dataset(stream, **options)
 
     # -- state ------------------------------------------------------------------------------
     @property

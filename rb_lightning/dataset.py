@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import numbers
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,22 +26,18 @@ from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader, IterableDataset
 from torchrl.data import ReplayBuffer
 
-from rb_lightning import _columns
-from rb_lightning._pickling import pickled_without_generator, unpickle_buffer
-from rb_lightning._sharding import Shard, current_shard, draw_base_seed, is_remote
-from rb_lightning._validation import (
+from rb_lightning import columns
+from rb_lightning.device_prefetch import DevicePrefetcher
+from rb_lightning.sharding import Shard, current_shard
+from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream  # noqa: F401 (re-exported)
+from rb_lightning.validation import (
     check_device,
     check_keys,
     check_positive_int,
     check_replay_buffer,
 )
-from rb_lightning.device_prefetch import DevicePrefetcher
 
 logger = logging.getLogger(__name__)
-
-#: Keys under which sampler info (storage index, importance weight) is attached
-#: to a batch; the same names ``TensorDictReplayBuffer`` uses.
-SAMPLER_INFO_KEYS = ("index", "priority_weight")
 
 
 def keep_batch(batch: Any) -> Any:
@@ -87,7 +81,9 @@ class _BatchLoader(DataLoader):
     With workers or pinning it is a plain ``DataLoader``.
     """
 
-    def __iter__(self) -> Iterator[Any]:
+    # torch annotates DataLoader.__iter__ with its private _BaseDataLoaderIter, which no
+    # subclass can return without re-implementing it; callers only use next().
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         direct = (
             self.num_workers == 0
             and not self.pin_memory
@@ -319,7 +315,7 @@ class ResumableBatchLoader(_BatchLoader):
         self.stream = stream
         self.prefetcher = prefetcher
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # see _BatchLoader
         replay = self.stream.begin_iterator()  # before workers (re)start: they read the cursor
         if self.prefetcher is not None:
             self.prefetcher.clear()  # copies of an earlier iterator's read-ahead: never used
@@ -334,8 +330,8 @@ class ResumableBatchLoader(_BatchLoader):
         self.stream.load_state_dict(state_dict)
 
 
-class _ReplayBufferStream(IterableDataset):
-    """Shared machinery: argument checks, sharding, seeding, waiting, sampling."""
+class _SampledDataset(IterableDataset):
+    """Shared part of the sampled views: key selection, epochs and shares, on a :class:`BufferStream`."""
 
     def __init__(
         self,
@@ -348,27 +344,16 @@ class _ReplayBufferStream(IterableDataset):
         min_size: int | None = None,
         wait_timeout: float = 600.0,
     ) -> None:
-        self._replay_buffer = check_replay_buffer(replay_buffer)
-        self._batch_size = check_positive_int(batch_size, "batch_size")
+        self._stream = BufferStream(
+            replay_buffer, batch_size, min_size=min_size, wait_timeout=wait_timeout
+        )
         self._keys = check_keys(keys)
         self._device = check_device(device)
         self._num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
-        self._min_size = check_positive_int(min_size, "min_size", allow_none=True)
-        if (
-            isinstance(wait_timeout, bool)
-            or not isinstance(wait_timeout, numbers.Real)
-            or wait_timeout <= 0
-        ):
-            raise ValueError(
-                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}."
-            )
-        self._wait_timeout = float(wait_timeout)
         if self._keys is not None:
-            _columns.check_unique_names(self._keys)
+            columns.check_unique_names(self._keys)
         self._warned_missing: set[NestedKey] = set()
         self._checked_names = False
-        #: Whether sampled batches get sampler info attached; None until the first sample.
-        self._attach_info: bool | None = None
         #: Batches drawn by iterators of this object in this process (statistics only; the
         #: resumable count of a training stream is :attr:`StreamState.batches_served`).
         self.batches_served = 0
@@ -376,14 +361,19 @@ class _ReplayBufferStream(IterableDataset):
 
     # -- public read-only properties ---------------------------------------------------------
     @property
+    def stream(self) -> BufferStream:
+        """The :class:`~rb_lightning.stream.BufferStream` this dataset samples through."""
+        return self._stream
+
+    @property
     def replay_buffer(self) -> ReplayBuffer:
         """The wrapped buffer."""
-        return self._replay_buffer
+        return self._stream.replay_buffer
 
     @property
     def batch_size(self) -> int:
         """Items drawn per sampling call."""
-        return self._batch_size
+        return self._stream.batch_size
 
     @property
     def num_batches(self) -> int | None:
@@ -395,14 +385,30 @@ class _ReplayBufferStream(IterableDataset):
         """Selected keys, or ``None`` for all leaves."""
         return self._keys
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
-        return state
+    def as_hf_dataset(self, **options: Any) -> Any:
+        """This dataset as a Hugging Face dataset (needs the ``hf`` extra).
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state["_replay_buffer"] = unpickle_buffer(state["_replay_buffer"])
-        self.__dict__.update(state)
+        The same buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
+        and ``wait_timeout``; ``options`` go to :func:`rb_lightning.hf.to_hf_dataset`
+        and override them (``streaming=False`` for a snapshot).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> from rb_lightning import ReplayBufferDataset
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+            >>> ds = ReplayBufferDataset(rb, batch_size=4, num_batches=2).as_hf_dataset()
+            >>> len(list(ds))
+            8
+        """
+        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+
+        options = {"num_batches": self._num_batches, **options}
+        if options.get("keys") is None:
+            options["keys"] = self._keys
+        return to_hf_dataset(self._stream, **options)
 
     # -- iteration --------------------------------------------------------------------------
     def _batches_for(self, shard: Shard) -> int | None:
@@ -410,91 +416,11 @@ class _ReplayBufferStream(IterableDataset):
             return None
         return shard.share(self._num_batches)
 
-    def _seed_replica(self, shard: Shard) -> None:
-        # Worker processes and DDP ranks hold copies of the buffer, and of its generator
-        # (or of an identically seeded global RNG): give each copy its own stream.
-        # A remote (Ray) buffer is one sampler shared by all ranks: its single stream
-        # already differs per call, and re-seeding it from each rank would reset it.
-        if shard.is_replica and not is_remote(self._replay_buffer):
-            seed = shard.seed(draw_base_seed())
-            self._replay_buffer.set_rng(torch.Generator().manual_seed(seed))
-
-    def _wait_until_ready(self, *, emptied: bool = False) -> None:
-        """Block until the buffer can be sampled, or raise our message (``emptied``: mid-run)."""
-        rb = self._replay_buffer
-        needed = self._min_size
-        if needed is None:
-            if len(rb) == 0:
-                if emptied:
-                    raise RuntimeError(
-                        f"The replay buffer became empty after {self.batches_served} batches "
-                        "(rb.empty(), or a collector that resets it), so there is nothing to "
-                        "sample. Refill it before the next batch is drawn, or pass min_size=N "
-                        "(ReplayBufferDataModule(min_size=N)) to wait up to wait_timeout seconds "
-                        "until it holds N items again."
-                    )
-                raise RuntimeError(
-                    "The replay buffer is empty, so there is nothing to sample. Fill it first "
-                    "(rb.extend(...)), or pass min_size=N to wait until a collector has written "
-                    "N items."
-                )
-            needed = 1
-        deadline = time.monotonic() + self._wait_timeout
-        while len(rb) < needed:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Waited {self._wait_timeout:.0f}s for the replay buffer to hold "
-                    f"min_size={needed} items, it holds {len(rb)}. Is the collector writing to "
-                    "this buffer (a shared or memmap storage when workers are used)? Raise "
-                    "wait_timeout or lower min_size."
-                )
-            time.sleep(0.01)
-        sampler = getattr(rb, "sampler", None)
-        if getattr(sampler, "drop_last", False) and len(rb) < self._batch_size:
-            raise RuntimeError(
-                f"The sampler draws without replacement with drop_last=True, but the buffer "
-                f"holds {len(rb)} items, fewer than batch_size={self._batch_size}: no full batch "
-                "can be drawn. Lower batch_size, add data, or use drop_last=False."
-            )
-
-    def _sample(self) -> Any:
-        """Draw one batch; if the buffer was emptied meanwhile, wait (``min_size``) or explain."""
-        try:
-            return self._draw()
-        except Exception:
-            # Checked only on failure, so the per-batch path pays nothing: torchrl raises
-            # "Cannot sample from an empty storage" (or a sampler-specific error) then.
-            if len(self._replay_buffer) > 0:
-                raise
-        self._wait_until_ready(emptied=True)
-        return self._draw()
-
-    def _draw(self) -> Any:
-        """Draw one batch, with sampler info (index, weight) attached when available."""
-        rb = self._replay_buffer
-        if self._attach_info is False:
-            # return_info costs ~30% of a small sample (torchrl tree-maps the info
-            # to the storage device): skip it once we know nothing would be attached.
-            return rb.sample(self._batch_size)
-        batch, info = rb.sample(self._batch_size, return_info=True)
-        attach = False
-        if isinstance(batch, TensorDictBase):
-            extra = {k: info[k] for k in SAMPLER_INFO_KEYS if k in info and k not in batch.keys()}
-            # A plain ReplayBuffer drops the index and weight; keep them when a
-            # sampler produced weights, so a training step can update priorities.
-            attach = "priority_weight" in extra
-            if attach:
-                for name, value in extra.items():
-                    batch.set(name, torch.as_tensor(value, device=batch.device))
-        # The sampler and the buffer class are fixed, so the first batch decides.
-        self._attach_info = attach
-        return batch
-
     def _select_keys(self, batch: Any) -> list[NestedKey]:
-        available = _columns.leaf_keys(batch)
+        available = columns.leaf_keys(batch)
         if self._keys is None:
             if not self._checked_names:
-                _columns.check_unique_names(available)
+                columns.check_unique_names(available)
                 self._checked_names = True
             return available
         present = set(available)
@@ -522,12 +448,12 @@ class _ReplayBufferStream(IterableDataset):
         shard = current_shard()
         if self._cursor is None:
             count, redraw = self._batches_for(shard), 0
-            self._seed_replica(shard)
+            self._stream.seed_replica(shard)
         else:
             count, redraw = self._enter_epoch(shard, self._cursor)
-        self._wait_until_ready()
+        self._stream.wait_until_ready()
         for _ in range(redraw):
-            self._sample()  # what this worker's role drew before the checkpoint: dropped
+            self._stream.sample()  # what this worker's role drew before the checkpoint: dropped
         drawn = 0
         while count is None or drawn < count:
             yield self._hand_out()
@@ -545,25 +471,21 @@ class _ReplayBufferStream(IterableDataset):
         iterator) already continue the epoch: nothing is redrawn.
         """
         seed, epoch, position = cursor.read()
-        remote = is_remote(self._replay_buffer)
         if shard.worker_seed is not None:  # a DataLoader worker
             role = (shard.worker_id + position) % shard.num_workers
             total = self._batches_for(dataclasses.replace(shard, worker_id=role))
             redraw = -(-(position - role) // shard.num_workers) if position > role else 0
-            if not remote:
-                rng = torch.Generator().manual_seed(shard.epoch_seed(seed, epoch, role))
-                self._replay_buffer.set_rng(rng)
+            self._stream.reseed(shard.epoch_seed(seed, epoch, role))  # a remote buffer: kept
             return (None if total is None else max(total - redraw, 0)), redraw
         count = None if self._num_batches is None else max(self._num_batches - position, 0)
-        if position == 0 and shard.is_replica and not remote:
-            rng = torch.Generator().manual_seed(shard.epoch_seed(seed, epoch))
-            self._replay_buffer.set_rng(rng)
+        if position == 0 and shard.is_replica:
+            self._stream.reseed(shard.epoch_seed(seed, epoch))
         return count, 0
 
     def _hand_out(self) -> Any:
         # Kept out of the generator's locals: the batch it yielded must not stay
         # alive while the next one is sampled (a batch of extra peak memory).
-        batch = self._sample()
+        batch = self._stream.sample()
         self.batches_served += 1
         return batch
 
@@ -579,13 +501,13 @@ class _ReplayBufferStream(IterableDataset):
     def __repr__(self) -> str:
         keys = self._keys if self._keys is not None else "<all>"
         return (
-            f"{type(self).__name__}(replay_buffer={type(self._replay_buffer).__name__}"
-            f"(len={len(self._replay_buffer)}), batch_size={self._batch_size}, keys={keys}, "
+            f"{type(self).__name__}(replay_buffer={type(self.replay_buffer).__name__}"
+            f"(len={len(self.replay_buffer)}), batch_size={self.batch_size}, keys={keys}, "
             f"device={self._device}, num_batches={self._num_batches})"
         )
 
 
-class ReplayBufferDataset(_ReplayBufferStream):
+class ReplayBufferDataset(_SampledDataset):
     """Per-item view of a replay buffer; drop-in for torchrl's ``TorchRLBufferDataset``.
 
     Each sampling call draws ``batch_size`` items and yields them one by one as
@@ -642,24 +564,15 @@ class ReplayBufferDataset(_ReplayBufferStream):
     """
 
     def _items_per_batch(self) -> int:
-        return self._batch_size
+        return self.batch_size
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self._batches():
-            cols = _columns.columns(batch, self._select_keys(batch))
-            yield from _columns.rows(cols, _columns.batch_length(batch), self._device)
-
-    def as_hf_dataset(self, **kwargs: Any) -> Any:
-        """This dataset as a streaming ``datasets.IterableDataset`` (needs the ``hf`` extra).
-
-        Keyword arguments go to :func:`rb_lightning.hf.to_hf_dataset`.
-        """
-        from rb_lightning.hf import to_hf_dataset
-
-        return to_hf_dataset(self, **kwargs)
+            cols = columns.columns(batch, self._select_keys(batch))
+            yield from columns.rows(cols, columns.batch_length(batch), self._device)
 
 
-class ReplayBufferBatchDataset(_ReplayBufferStream):
+class ReplayBufferBatchDataset(_SampledDataset):
     """Whole-batch view of a replay buffer: one ``TensorDict`` per sampling call.
 
     No per-item split and no re-collation: the batch ``rb.sample`` returns is
@@ -726,7 +639,7 @@ class ReplayBufferBatchDataset(_ReplayBufferStream):
             return batch if self._device is None else batch.to(self._device)
         keys = self._select_keys(batch)
         if self._flatten or not isinstance(batch, TensorDictBase):
-            cols = _columns.columns(batch, keys)
+            cols = columns.columns(batch, keys)
             if self._device is not None:
                 cols = {
                     k: v.to(self._device) if isinstance(v, torch.Tensor) else v
@@ -792,6 +705,29 @@ class ReplayBufferPassDataset(IterableDataset):
     def __len__(self) -> int:
         return -(-len(self._replay_buffer) // self._batch_size)
 
+    def as_hf_dataset(self, **options: Any) -> Any:
+        """This pass as a ``datasets.Dataset`` snapshot: every stored item once, in storage order.
+
+        ``options`` go to :func:`rb_lightning.hf.to_hf_dataset` (``keys``
+        defaults to this dataset's); needs the ``hf`` extra.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> from rb_lightning import ReplayBufferPassDataset
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(5)}, batch_size=[5]))
+            >>> [row["x"] for row in ReplayBufferPassDataset(rb, batch_size=2).as_hf_dataset()]
+            [0, 1, 2, 3, 4]
+        """
+        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+
+        options = {"streaming": False, **options}
+        if options.get("keys") is None:
+            options["keys"] = self._keys
+        return to_hf_dataset(self._replay_buffer, **options)
+
     def __iter__(self) -> Iterator[Any]:
         shard = current_shard()
         copies = shard.world_size * shard.num_workers
@@ -802,9 +738,9 @@ class ReplayBufferPassDataset(IterableDataset):
                 continue
             index = torch.arange(start, min(start + self._batch_size, size))
             batch = self._replay_buffer[index]
-            keys = _columns.leaf_keys(batch) if self._keys is None else self._keys
+            keys = columns.leaf_keys(batch) if self._keys is None else self._keys
             if self._flatten or not isinstance(batch, TensorDictBase):
-                yield _columns.columns(batch, keys)
+                yield columns.columns(batch, keys)
             else:
                 yield batch if self._keys is None else batch.select(*keys)
 

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from typing import TYPE_CHECKING, Any, Literal
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import numpy as np
 import torch
@@ -57,12 +57,20 @@ from tensordict import NonTensorStack, TensorDict
 from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
-from rb_lightning import _columns
-from rb_lightning._sharding import current_shard, is_remote
-from rb_lightning._validation import check_keys, check_positive_int, check_replay_buffer
-from rb_lightning.datamodule import AUTO, ReplayBufferDataModule
-from rb_lightning.dataset import ReplayBufferBatchDataset, ReplayBufferDataset
+from rb_lightning import torchrl_compat
+from rb_lightning.columns import (
+    KEY_SEPARATOR,
+    check_unique_names,
+    column,
+    flat_name,
+    leaf_keys,
+    normalize_key,
+)
+from rb_lightning.columns import columns as batch_columns
 from rb_lightning.errors import UsageError
+from rb_lightning.sharding import Shard, current_shard, is_remote
+from rb_lightning.stream import BufferStream
+from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -79,9 +87,9 @@ CHUNK_SIZE = 8_192
 DEFAULT_STREAM_SHARDS = 8
 #: Every process draws the same stream (same seed, same buffer content); Accelerate
 #: hands each process its slice of each global batch.
-IDENTICAL = "identical"
+IDENTICAL: Final = "identical"
 #: Every process (and DataLoader worker) draws its own random stream from its own shards.
-PER_RANK = "per_rank"
+PER_RANK: Final = "per_rank"
 RANKS = (IDENTICAL, PER_RANK)
 #: Items read from storage to infer the features of a stream.
 _PROBE_SIZE = 16
@@ -115,50 +123,38 @@ def _require_hf() -> tuple[Any, Any]:
 # -- what to export ------------------------------------------------------------------------------
 @dataclass
 class _Plan:
-    """The buffer and the sampling arguments behind one export."""
+    """The stream and the export arguments behind one export."""
 
-    replay_buffer: ReplayBuffer
-    batch_size: int
+    stream: BufferStream
     keys: list[NestedKey] | None
     num_batches: int | None
-    min_size: int | None = None
-    wait_timeout: float = 600.0
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        return self.stream.replay_buffer
+
+    @property
+    def batch_size(self) -> int:
+        return self.stream.batch_size
 
 
-def _plan(source: Any, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
-    if isinstance(source, ReplayBufferDataset):
-        plan = _Plan(
-            source.replay_buffer,
-            source.batch_size,
-            source.keys,
-            source.num_batches,
-            source._min_size,
-            source._wait_timeout,
-        )
-    elif isinstance(source, ReplayBufferDataModule):
-        size = source.batch_size
-        batches = source.num_batches
-        if batches == AUTO:
-            batches = max(1, math.ceil(len(source.replay_buffer) / size))
-        plan = _Plan(
-            source.replay_buffer, size, source.keys, batches, source.min_size, source.wait_timeout
-        )
-    elif isinstance(source, ReplayBuffer):
-        plan = _Plan(source, DEFAULT_BATCH_SIZE, None, None)
-    else:
-        raise TypeError(
-            "to_hf_dataset(source) takes a torchrl ReplayBuffer, a ReplayBufferDataset or a "
-            f"ReplayBufferDataModule, got {type(source).__name__}."
-        )
-    if batch_size is not None:
-        plan.batch_size = check_positive_int(batch_size, "batch_size")
-    if keys is not None:
-        plan.keys = check_keys(keys)
-    if num_batches is not _UNSET:
-        plan.num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
-    if plan.keys is not None:
-        _columns.check_unique_names(plan.keys)
-    return plan
+def _plan(
+    source: ReplayBuffer | BufferStream, batch_size: Any, keys: Any, num_batches: Any
+) -> _Plan:
+    if isinstance(source, ReplayBuffer):
+        source = BufferStream(source, DEFAULT_BATCH_SIZE)
+    # A stream of its own: the export seeds and counts it, the source's stays as it is.
+    stream = BufferStream(
+        source.replay_buffer,
+        source.batch_size if batch_size is None else batch_size,
+        min_size=source.min_size,
+        wait_timeout=source.wait_timeout,
+    )
+    checked_keys = None if keys is None else check_keys(keys)
+    if checked_keys is not None:
+        check_unique_names(checked_keys)
+    batches = None if num_batches is _UNSET else num_batches
+    return _Plan(stream, checked_keys, check_positive_int(batches, "num_batches", allow_none=True))
 
 
 # -- features ------------------------------------------------------------------------------------
@@ -200,6 +196,14 @@ def _column_feature(name: str, col: torch.Tensor | list[Any], fixed: bool) -> An
     return datasets.features.features.generate_from_arrow_type(arrow_type)
 
 
+def _empty_buffer_error() -> ValueError:
+    return ValueError(
+        "The replay buffer is empty, so its features cannot be read from it. Fill it first, "
+        "or pass features=datasets.Features({...}) (e.g. for a stream that waits for a "
+        "collector with min_size)."
+    )
+
+
 def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None = None) -> Any:
     """The ``datasets.Features`` an export of ``replay_buffer`` will have.
 
@@ -221,16 +225,12 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     check_replay_buffer(replay_buffer)
     size = len(replay_buffer)
     if size == 0:
-        raise ValueError(
-            "The replay buffer is empty, so its features cannot be read from it. Fill it first, "
-            "or pass features=datasets.Features({...}) (e.g. for a stream that waits for a "
-            "collector with min_size)."
-        )
+        raise _empty_buffer_error()
     probe = replay_buffer[0 : min(size, _PROBE_SIZE)]
-    selected = _columns.leaf_keys(probe) if keys is None else list(keys)
-    _columns.check_unique_names(selected)
+    selected = leaf_keys(probe) if keys is None else list(keys)
+    check_unique_names(selected)
     fixed = isinstance(replay_buffer.storage, TensorStorage)
-    cols = _columns.columns(probe, selected)
+    cols = batch_columns(probe, selected)
     return datasets.Features({n: _column_feature(n, c, fixed) for n, c in cols.items()})
 
 
@@ -244,7 +244,7 @@ def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, Nested
         )
     if len(plan.replay_buffer) == 0:
         if not features:
-            infer_features(plan.replay_buffer)  # raises the "empty buffer" error
+            raise _empty_buffer_error()
         keys = plan.keys or [_key_of(name) for name in features]
         resolved = datasets.Features(dict(features))
     else:
@@ -257,7 +257,7 @@ def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, Nested
                 f"its columns are {list(resolved)}. Nested keys are named 'a.b'."
             )
         resolved.update(dict(features or {}))
-    by_name = {_columns.flat_name(k): k for k in keys}
+    by_name = {flat_name(k): k for k in keys}
     missing = [name for name in resolved if name not in by_name]
     if missing:
         raise ValueError(
@@ -267,8 +267,8 @@ def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, Nested
 
 
 def _key_of(name: str) -> NestedKey:
-    parts = tuple(name.split(_columns.KEY_SEPARATOR))
-    return _columns.normalize_key(parts)
+    parts = tuple(name.split(KEY_SEPARATOR))
+    return normalize_key(parts)
 
 
 # -- columns to Arrow ----------------------------------------------------------------------------
@@ -314,7 +314,7 @@ def _arrow_column(name: str, col: torch.Tensor | list[Any], arrow_type: pa.DataT
 def _arrow_table(batch: Any, columns: Mapping[str, NestedKey], schema: pa.Schema) -> pa.Table:
     _, pa = _require_hf()
     arrays = [
-        _arrow_column(name, _columns.column(batch, key), schema.field(name).type)
+        _arrow_column(name, column(batch, key), schema.field(name).type)
         for name, key in columns.items()
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -325,7 +325,7 @@ def _arrow_table(batch: Any, columns: Mapping[str, NestedKey], schema: pa.Schema
 class _StreamSpec:
     """Everything a shard generator needs; pickled into DataLoader workers."""
 
-    sampler: ReplayBufferBatchDataset
+    sampler: BufferStream
     columns: dict[str, NestedKey]
     schema: Any
     num_batches: int | None
@@ -334,11 +334,6 @@ class _StreamSpec:
     seed: int = 0
     #: Passes started in this process (identical streams: part of each batch's seed).
     passes: int = 0
-
-
-def _shard_batches(total: int, n_shards: int, shard: int) -> int:
-    base, extra = divmod(total, n_shards)
-    return base + (1 if shard < extra else 0)
 
 
 def _batch_seed(seed: int, pass_: int, batch: int) -> int:
@@ -360,21 +355,20 @@ def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tup
         if shard.world_size > 1 and shard.worker_seed is None:  # a rank's own process
             _refuse_group_trainer(shard.world_size)
         # A copy of the buffer in a worker process or on another rank: draw its own stream.
-        sampler._seed_replica(shard)
-    sampler._wait_until_ready()
+        sampler.seed_replica(shard)
+    sampler.wait_until_ready()
     budget = None
     if spec_.num_batches is not None:
-        budget = sum(_shard_batches(spec_.num_batches, spec_.n_shards, s) for s in shards)
-    rb = sampler.replay_buffer
+        total = spec_.num_batches
+        budget = sum(Shard(worker_id=s, num_workers=spec_.n_shards).share(total) for s in shards)
     for drawn in count():
         if budget is not None and drawn >= budget:
             return
         if identical:
             # Re-seeded per batch, from (seed, pass, batch) only: every process draws the
             # same batch whatever else sampled this buffer in between.
-            rb.set_rng(torch.Generator().manual_seed(_batch_seed(spec_.seed, pass_, drawn)))
-        batch = sampler._sample()
-        sampler.batches_served += 1
+            sampler.reseed(_batch_seed(spec_.seed, pass_, drawn))
+        batch = sampler.sample()
         yield f"{shards[0]}_{drawn}", _arrow_table(batch, spec_.columns, spec_.schema)
 
 
@@ -387,7 +381,10 @@ def _group_trainer() -> Any:
     """
     import threading
 
-    stacks = [sys._getframe(1), sys._current_frames().get(threading.main_thread().ident)]
+    stacks: list[FrameType | None] = [sys._getframe(1)]
+    main = threading.main_thread().ident
+    if main is not None:
+        stacks.append(sys._current_frames().get(main))
     for frame in stacks:
         while frame is not None:
             owner = frame.f_locals.get("self")
@@ -417,7 +414,9 @@ def _refuse_group_trainer(world_size: int) -> None:
     )
 
 
-def _check_ranks(ranks: Any, seed: Any, n_shards: Any) -> tuple[str, int]:
+def _check_ranks(
+    ranks: Any, seed: Any, n_shards: Any
+) -> tuple[Literal["identical", "per_rank"], int]:
     if ranks not in RANKS:
         raise UsageError(
             "ranks",
@@ -502,16 +501,8 @@ def _stream(
             f"n_shards={n_shards} exceeds num_batches={plan.num_batches}: some shards would be "
             "empty. Lower n_shards, or raise num_batches."
         )
-    sampler = ReplayBufferBatchDataset(
-        plan.replay_buffer,
-        plan.batch_size,
-        keys=plan.keys,
-        num_batches=None,
-        min_size=plan.min_size,
-        wait_timeout=plan.wait_timeout,
-    )
     spec = _StreamSpec(
-        sampler, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
+        plan.stream, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
     )
     # Lists in the kwargs are shards for `datasets`; everything else goes in a tuple.
     iterable = ArrowExamplesIterable(
@@ -558,8 +549,21 @@ def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
 
 
 # -- public API ----------------------------------------------------------------------------------
+class SupportsHFExport(Protocol):
+    """What :func:`to_hf_dataset` accepts besides a buffer and a stream: an ``as_hf_dataset``.
+
+    :class:`~rb_lightning.ReplayBufferDataset`, :class:`~rb_lightning.ReplayBufferBatchDataset`,
+    :class:`~rb_lightning.ReplayBufferPassDataset` and
+    :class:`~rb_lightning.ReplayBufferDataModule` have one: it fills in their own
+    sampling arguments and calls :func:`to_hf_dataset` with their
+    :class:`~rb_lightning.stream.BufferStream`.
+    """
+
+    def as_hf_dataset(self, **options: Any) -> Any: ...
+
+
 def to_hf_dataset(
-    source: ReplayBuffer | ReplayBufferDataset | ReplayBufferDataModule,
+    source: ReplayBuffer | BufferStream | SupportsHFExport,
     *,
     streaming: bool = True,
     keys: list[NestedKey] | None = None,
@@ -573,10 +577,12 @@ def to_hf_dataset(
     """A replay buffer as a Hugging Face dataset, for ``trl`` / ``transformers`` trainers.
 
     Args:
-        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.ReplayBufferDataset`
-            or a :class:`~rb_lightning.ReplayBufferDataModule`. Its buffer,
-            ``batch_size``, ``keys``, ``num_batches`` (and ``min_size``) are
-            the defaults of the arguments below.
+        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
+            or an object with ``as_hf_dataset`` (the datasets of
+            :mod:`rb_lightning.dataset`, :class:`~rb_lightning.ReplayBufferDataModule`),
+            to which the call is handed: its buffer, ``batch_size``, ``keys``,
+            ``num_batches`` (and ``min_size``) are the defaults of the
+            arguments below.
 
     Keyword Args:
         streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
@@ -645,6 +651,26 @@ def to_hf_dataset(
         True
     """
     _require_hf()
+    if not isinstance(source, (ReplayBuffer, BufferStream)):
+        as_hf_dataset = getattr(source, "as_hf_dataset", None)
+        if not callable(as_hf_dataset):
+            raise TypeError(
+                "to_hf_dataset(source) takes a torchrl ReplayBuffer, a BufferStream, or an object "
+                "with as_hf_dataset() (ReplayBufferDataset, ReplayBufferBatchDataset, "
+                f"ReplayBufferDataModule), got {type(source).__name__}."
+            )
+        options: dict[str, Any] = dict(
+            streaming=streaming,
+            keys=keys,
+            batch_size=batch_size,
+            features=features,
+            n_shards=n_shards,
+            ranks=ranks,
+            seed=seed,
+        )
+        if num_batches is not _UNSET:
+            options["num_batches"] = num_batches
+        return as_hf_dataset(**options)
     plan = _plan(source, batch_size, keys, num_batches)
     resolved, columns = _resolve_features(plan, features)
     if streaming:
@@ -750,21 +776,11 @@ def from_hf_dataset(
 # -- console script ------------------------------------------------------------------------------
 def _load_buffer(path: str) -> ReplayBuffer:
     """A buffer from ``rb.dumps(path)`` (tensor storages) or ``torch.save(rb_or_td, path)``."""
-    import json
     from pathlib import Path
 
     location = Path(path)
     if location.is_dir():
-        storage_dir = location / "storage"
-        if not (storage_dir / "storage_metadata.json").exists():
-            raise FileNotFoundError(
-                f"{path} is not a directory written by ReplayBuffer.dumps() with a tensor "
-                "storage (no storage/storage_metadata.json)."
-            )
-        size = json.loads((storage_dir / "storage_metadata.json").read_text())["len"]
-        # TensorDict.load_memmap keeps every string; ReplayBuffer.loads (torchrl 0.14.1)
-        # brings NonTensorStack fields back as copies of the first value.
-        content = TensorDict.load_memmap(storage_dir)[:size]
+        content = torchrl_compat.read_dumps_items(location)
     elif location.is_file():
         content = torch.load(location, weights_only=False)  # a trusted, local file
     else:
@@ -810,7 +826,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         )
     keys = None if args.keys is None else [_key_of(k) for k in args.keys]
     if keys is not None and len(rb):
-        stored = _columns.leaf_keys(rb[:1])
+        stored = leaf_keys(rb[:1])
         missing = [k for k in keys if k not in stored and not _is_prefix(k, stored)]
         if missing:
             shown = ", ".join(".".join(k) if isinstance(k, tuple) else k for k in stored)
@@ -840,6 +856,7 @@ def _is_prefix(key: NestedKey, stored: list[NestedKey]) -> bool:
 __all__ = [
     "IDENTICAL",
     "PER_RANK",
+    "SupportsHFExport",
     "export_main",
     "from_hf_dataset",
     "infer_features",

@@ -18,7 +18,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
-from rb_lightning._validation import (
+from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
     check_positive_int,

@@ -14,8 +14,8 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.data import Categorical
 from torchrl.modules import MLP, EGreedyModule, QValueModule
 
-from rb_lightning._validation import check_positive_int
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
+from rb_lightning.validation import check_positive_int
 
 _ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 

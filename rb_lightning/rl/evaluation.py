@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rb_lightning._validation import check_non_negative_int, check_positive_int
+from rb_lightning.validation import check_non_negative_int, check_positive_int
 
 __all__ = ["EvaluatesEpisodes", "Evaluation"]
 

@@ -15,8 +15,8 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 
-from rb_lightning._validation import check_positive_int
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
+from rb_lightning.validation import check_positive_int
 
 
 class SAC(EvaluatesEpisodes, LightningModule):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from rb_lightning._validation import check_positive_int
+from rb_lightning.validation import check_positive_int
 
 
 class TorchThreads(Callback):

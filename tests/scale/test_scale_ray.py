@@ -118,7 +118,7 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
     from tensordict import TensorDict
 
     from rb_lightning import ReplayBufferBatchDataset
-    from rb_lightning._sharding import Shard
+    from rb_lightning.sharding import Shard
 
     owner = _owner("seed")
     try:
@@ -128,7 +128,7 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
         for _ in range(2):
             # Re-seeding from the same global seed would replay the same batch twice.
             torch.manual_seed(0)
-            dataset._seed_replica(Shard(rank=1, world_size=2))
+            dataset.stream.seed_replica(Shard(rank=1, world_size=2))
             draws.append(owner.sample(32)["id"])
         assert not torch.equal(*draws), "the shared stream was reset by a rank"
         assert next(iter(dataset))["id"].shape == (8,)

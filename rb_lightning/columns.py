@@ -16,6 +16,8 @@ import torch
 from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey
 
+from rb_lightning import torchrl_compat
+
 KEY_SEPARATOR = "."
 
 
@@ -112,7 +114,7 @@ def _non_tensor_list(value: NonTensorData | NonTensorStack) -> list[Any]:
         if all(type(item) is NonTensorData and not item.batch_size for item in items):
             # NonTensorStack.tolist() goes through tensorclass attribute access per item
             # (~9 us each, most of the cost of a string column): read the values directly.
-            return [item._non_tensordict["data"] for item in items]
+            return [torchrl_compat.non_tensor_value(item) for item in items]
     values = value.tolist()
     if not isinstance(values, list):  # a scalar NonTensorData with empty batch size
         values = [values]

@@ -3,7 +3,7 @@
 A ``ReplayBuffer(generator=...)`` pickles its generator state inside a
 TensorDict; sent to a spawned ``DataLoader`` worker, that state's shared-memory
 file fails to map in the child ("unable to resize file ... Invalid argument")
-and the worker dies. Workers re-seed their copy anyway (see ``_sharding``), so
+and the worker dies. Workers re-seed their copy anyway (see :mod:`rb_lightning.sharding`), so
 the buffer is pickled without its generator. The buffer itself is not changed.
 """
 
@@ -42,3 +42,6 @@ def unpickle_buffer(value: ReplayBuffer | _BufferPayload) -> ReplayBuffer:
     if isinstance(value, _BufferPayload):
         return ForkingPickler.loads(value.data)
     return value
+
+
+__all__ = ["pickled_without_generator", "unpickle_buffer"]

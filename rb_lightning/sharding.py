@@ -93,3 +93,6 @@ def is_remote(replay_buffer: object) -> bool:
     re-seeded per worker or rank nor checkpointed by this process.
     """
     return getattr(replay_buffer, "service_backend", "direct") != "direct"
+
+
+__all__ = ["Shard", "current_shard", "draw_base_seed", "is_remote"]

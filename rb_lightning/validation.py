@@ -14,10 +14,11 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
-from rb_lightning._columns import normalize_key
+from rb_lightning.columns import normalize_key
 
 
 def check_replay_buffer(replay_buffer: Any, name: str = "replay_buffer") -> ReplayBuffer:
+    """``replay_buffer`` itself if it is a torchrl ``ReplayBuffer``, else a ``TypeError`` that says how."""
     if not isinstance(replay_buffer, ReplayBuffer):
         raise TypeError(
             f"{name} must be a torchrl ReplayBuffer instance, got {type(replay_buffer).__name__}. "
@@ -50,14 +51,11 @@ def as_int(value: Any) -> int | None:
 
 
 @overload
-def check_positive_int(value: Any, name: str, *, allow_none: Literal[False] = False) -> int: ...
-
-
+def check_positive_int(value: Any, name: str, *, allow_none: Literal[False] = ...) -> int: ...
 @overload
 def check_positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
-
-
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
+    """``value`` as a positive ``int`` (``None`` passes through with ``allow_none``), else ``ValueError``."""
     if value is None and allow_none:
         return None
     number = as_int(value)
@@ -68,6 +66,7 @@ def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> in
 
 
 def check_non_negative_int(value: Any, name: str) -> int:
+    """``value`` as an ``int`` >= 0, else ``ValueError``."""
     number = as_int(value)
     if number is None or number < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
@@ -109,3 +108,13 @@ def check_device(device: Any) -> torch.device | None:
             "Pass device=None (keep tensors on CPU) or device='cpu'."
         )
     return device
+
+
+__all__ = [
+    "as_int",
+    "check_device",
+    "check_keys",
+    "check_non_negative_int",
+    "check_positive_int",
+    "check_replay_buffer",
+]
