@@ -102,6 +102,8 @@ class BufferStream:
         self._attach_info: bool | None = None
         #: Whether draws go through the sampler and storage directly (see _draw_direct).
         self._direct: bool = False
+        #: Whether stored items lack the attached keys (decided by the first direct draw).
+        self._direct_keys_free: bool | None = None
         #: Batches drawn so far by this copy of the stream.
         self.batches_drawn: int = 0
 
@@ -250,8 +252,15 @@ class BufferStream:
         with torchrl_compat.sampling_locks(rb):  # what rb.sample holds: writers wait
             index, info = rb.sampler.sample(rb.storage, self._batch_size)
             batch = rb.storage.get(index)
-        info["index"] = index
-        _attach(batch, info)
+        # Both are CPU tensors here (a CPU storage): set them as they are, as _attach would.
+        if self._direct_keys_free is None:
+            self._direct_keys_free = not any(k in batch.keys() for k in SAMPLER_INFO_KEYS)
+        if self._direct_keys_free:
+            batch.set("index", index)
+            batch.set("priority_weight", info["priority_weight"])
+        else:
+            info["index"] = index
+            _attach(batch, info)
         return batch
 
     def __repr__(self) -> str:
