@@ -22,9 +22,11 @@ from rb_lightning.checkpoint import (
     buffer_state,
     ensure_generator,
     install_checkpoint_io,
+    mixture_state,
     rank_buffer_state,
     remote_buffer_state,
     restore_buffer_state,
+    restore_mixture_state,
     restore_remote_buffer_state,
 )
 from rb_lightning.columns import leaf_keys
@@ -43,6 +45,7 @@ from rb_lightning.device_prefetch import (
     storage_device,
 )
 from rb_lightning.errors import UsageError
+from rb_lightning.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -289,6 +292,15 @@ class ReplayBufferDataModule(LightningDataModule):
         if not is_remote(self.replay_buffer):
             ensure_generator(self.replay_buffer)
 
+    @property
+    def source_names(self) -> list[str] | None:
+        """Names of a :class:`~rb_lightning.BufferMixture`'s members, by source id (``None``: one buffer).
+
+        ``batch["source"]`` holds each item's source id: ``source_names[batch["source"][i]]``.
+        """
+        rb = self.replay_buffer
+        return rb.names if isinstance(rb, BufferMixture) else None
+
     # -- checks -----------------------------------------------------------------------------
     def _check_storage_device(self) -> None:
         # A lazy storage with device="auto" learns its device at the first write: checked
@@ -304,6 +316,15 @@ class ReplayBufferDataModule(LightningDataModule):
         if self.num_workers == 0:
             return
         rb = self.replay_buffer
+        if isinstance(rb, BufferMixture):
+            raise UsageError(
+                "num_workers",
+                f"ReplayBufferDataModule(num_workers={self.num_workers}) with a BufferMixture: "
+                "each worker would sample its own copy of every member, so the online member's "
+                "new items, priority updates and the mixture's exact resume would not reach "
+                "them. Use num_workers=0 (in a config: data.init_args.num_workers: 0); a "
+                "mixture samples in the training process.",
+            )
         if is_remote(rb):
             raise ValueError(
                 f"num_workers>0 with a {rb.service_backend}-backed replay buffer: it samples in "
@@ -408,17 +429,36 @@ class ReplayBufferDataModule(LightningDataModule):
                 raise
             self._unfilled.remove(entry)
         if stage == "fit":
+            self._check_mixture_fits_trainer()
             self._check_keys_exist()
             if self.num_batches is None:
                 self._check_epoch_is_bounded(None)  # before Lightning prints or builds anything
 
+    def _check_mixture_fits_trainer(self) -> None:
+        trainer = self.trainer
+        if isinstance(self.replay_buffer, BufferMixture) and trainer is not None:
+            if trainer.world_size > 1:
+                raise UsageError(
+                    "replay_buffer",
+                    f"A BufferMixture as replay_buffer with {trainer.world_size} processes "
+                    "(DDP): its checkpoint holds one copy of each member, not one per rank, so "
+                    "a resumed run could not give each rank its own. Train a mixture in one "
+                    "process (trainer.devices: 1), or give each rank a single buffer.",
+                )
+
     def _check_keys_exist(self) -> None:
         """Fail at setup when a requested key is in none of the stored items."""
         rb = self.replay_buffer
-        if self.keys is None or is_remote(rb) or len(rb) == 0:
+        if isinstance(rb, BufferMixture):  # the keys of a filled member (all hold the same)
+            rb = next((m for m in rb.members.values() if len(m) > 0), rb)
+        if self.keys is None or is_remote(rb) or len(rb) == 0 or isinstance(rb, BufferMixture):
             return  # nothing stored yet (a collector will fill it): checked at first sample
         stored = set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
-        missing = [k for k in self.keys if k not in stored and k not in SAMPLER_INFO_KEYS]
+        missing = [
+            k
+            for k in self.keys
+            if k not in stored and k not in SAMPLER_INFO_KEYS and k != SOURCE_KEY
+        ]
         if missing:
             raise ValueError(
                 f"keys={self.keys!r}: {missing!r} not found in the replay buffer's items, which "
@@ -535,6 +575,9 @@ class ReplayBufferDataModule(LightningDataModule):
                 "returns weights (PrioritizedSampler) and keys=None or keys including 'index'."
             )
         rb = self.replay_buffer
+        if isinstance(rb, BufferMixture):
+            self._update_mixture_priority(rb, batch, priority)
+            return
         # Where the sampler keeps its priorities: torchrl's PrioritizedSampler reports its
         # segment trees' device (CUDA trees for a CUDA storage, when torchrl was built with
         # CUDA; else CPU). Moving there once avoids a round trip through the other device.
@@ -550,6 +593,25 @@ class ReplayBufferDataModule(LightningDataModule):
         if checked is not priority:
             self.replaced_priorities += int((checked != priority).sum())
         rb.update_priority(batch["index"].to(tree_device), checked)
+
+    def _update_mixture_priority(
+        self, mixture: BufferMixture, batch: TensorDictBase, priority: torch.Tensor
+    ) -> None:
+        if SOURCE_KEY not in batch.keys():
+            raise KeyError(
+                f"The batch has no {SOURCE_KEY!r} key, which routes each item's priority to its "
+                f"member of the mixture. Keep it: keys=None or keys including {SOURCE_KEY!r}."
+            )
+        priority = torch.as_tensor(priority).detach().cpu()
+        checked = check_priority(
+            priority,
+            invalid=self.invalid_priority,
+            replacement=mixture.max_priority,
+            where="ReplayBufferDataModule.update_priority",
+        )
+        if checked is not priority:
+            self.replaced_priorities += int((checked != priority).sum())
+        mixture.update_member_priority(batch[SOURCE_KEY].cpu(), batch["index"].cpu(), checked)
 
     def teardown(self, stage: str) -> None:
         """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
@@ -627,13 +689,20 @@ class ReplayBufferDataModule(LightningDataModule):
         """
         stream = self._stream.state_dict()
         trainer = self.trainer
+        buffer: Any
         if is_remote(self.replay_buffer):
             # One actor serves every rank: global rank 0 has it dump itself beside the .ckpt
             # (one writer per checkpoint); the other ranks store only their stream position.
             buffer = remote_buffer_state(self.replay_buffer, trainer)
             return {"batches_served": stream["batches_served"], "stream": stream, "buffer": buffer}
         install_checkpoint_io(trainer)
-        if trainer is not None and trainer.world_size > 1:
+        if isinstance(self.replay_buffer, BufferMixture):
+            buffer = mixture_state(
+                self.replay_buffer,
+                inline_max_bytes=self.checkpoint_inline_max_bytes,
+                pending_batches=self._stream.read_ahead(),
+            )
+        elif trainer is not None and trainer.world_size > 1:
             # One buffer per rank, each saved by its rank and restored to it (collective).
             buffer = rank_buffer_state(
                 self.replay_buffer, trainer, pending_batches=self._stream.read_ahead()
@@ -665,6 +734,10 @@ class ReplayBufferDataModule(LightningDataModule):
             install_checkpoint_io(trainer)
             path = trainer.ckpt_path if trainer is not None else None
             restore_remote_buffer_state(self.replay_buffer, buffer, path, trainer)
+        elif buffer is not None and isinstance(self.replay_buffer, BufferMixture):
+            install_checkpoint_io(trainer)
+            path = trainer.ckpt_path if trainer is not None else None
+            self._stream.replay_first(restore_mixture_state(self.replay_buffer, buffer, path))
         elif buffer is not None:
             install_checkpoint_io(trainer)
             restored = restore_buffer_state(
