@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from tensordict import TensorDictBase
@@ -63,7 +63,7 @@ SOURCE_KEY = "source"
 __all__ = ["SOURCE_KEY", "BufferMixture", "FillMembers", "is_mixture"]
 
 
-def is_mixture(replay_buffer: Any) -> bool:
+def is_mixture(replay_buffer: Any) -> TypeGuard[BufferMixture]:
     """Whether ``replay_buffer`` is a :class:`BufferMixture`."""
     return isinstance(replay_buffer, BufferMixture)
 
@@ -285,6 +285,27 @@ class BufferMixture(ReplayBufferEnsemble):
                 info["priority_weight"] = batch["priority_weight"]
             return batch, info
         return batch
+
+    def items(self, start: int = 0, stop: int | None = None) -> TensorDictBase:
+        """Stored items ``start:stop`` of the members laid end to end, with their ``"source"``.
+
+        Member by member in :attr:`names` order, each in storage order: the
+        mixture's content read once (no sampling), e.g. for a snapshot export.
+        """
+        stop = len(self) if stop is None else min(stop, len(self))
+        parts = []
+        offset = 0
+        for source, rb in enumerate(self._members.values()):
+            size = len(rb)
+            lo, hi = max(start - offset, 0), min(stop - offset, size)
+            if lo < hi:
+                part = rb[lo:hi]
+                part.set(SOURCE_KEY, torch.full((hi - lo,), source, dtype=torch.long))
+                parts.append(part)
+            offset += size
+        if not parts:
+            raise IndexError(f"items({start}, {stop}): the mixture holds {len(self)} items.")
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     # -- priorities -------------------------------------------------------------------------
     def update_member_priority(

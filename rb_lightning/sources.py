@@ -97,9 +97,7 @@ class LoadDirectory(BufferSource):
                 else "Point path at a directory written by ReplayBuffer.dumps(path), e.g. one "
                 "made by `python scripts/make_offline_buffer.py <dir>`."
             )
-            raise FileNotFoundError(
-                f"LoadDirectory(path={str(path)!r}): no such directory. {how}"
-            )
+            raise FileNotFoundError(f"LoadDirectory(path={str(path)!r}): no such directory. {how}")
         if not is_dumps_directory(self.path):
             raise FileNotFoundError(
                 f"LoadDirectory(path={str(path)!r}): the directory has no {DUMPS_MARKER}, so it "
