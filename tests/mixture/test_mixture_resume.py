@@ -55,9 +55,7 @@ def test_resumed_mixture_matches_straight_run(tmp_path, inline_max_bytes):
     straight, straight_mix = _fit(tmp_path / "straight", 2 * N, filled=True, **dm)
     first, _ = _fit(tmp_path / "resumed", N, filled=True, **dm)
     # The resumed process starts from empty members: everything comes from the checkpoint.
-    resumed, resumed_mix = _fit(
-        tmp_path / "resumed", 2 * N, filled=False, ckpt_path="last", **dm
-    )
+    resumed, resumed_mix = _fit(tmp_path / "resumed", 2 * N, filled=False, ckpt_path="last", **dm)
     assert first.seen == straight.seen[:N]
     assert resumed.seen == straight.seen[N:]
     for name in ("offline", "online"):
