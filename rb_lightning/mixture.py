@@ -103,7 +103,7 @@ class BufferMixture(ReplayBufferEnsemble):
             whole number. Normalised to sum to 1.
         weights: Name -> relative weight: each item of a batch comes from a
             member drawn at random with these weights (the counts per batch vary).
-        Neither: equal fractions.
+            With neither ``fractions`` nor ``weights``: equal fractions.
 
     Writes go to a member (``mixture.member("online").extend(...)``, or
     ``OnlineCollector(member="online")``); the mixture itself is read-only, as
