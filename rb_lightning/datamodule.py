@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from tensordict import MemoryMappedTensor, TensorDictBase
 from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader
-from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
+from torchrl.data import ListStorage, ReplayBuffer, ReplayBufferEnsemble, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning import torchrl_compat
@@ -227,6 +227,17 @@ class ReplayBufferDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
+        if isinstance(replay_buffer, ReplayBufferEnsemble) and not isinstance(
+            replay_buffer, BufferMixture
+        ):
+            raise UsageError(
+                "replay_buffer",
+                "A torchrl ReplayBufferEnsemble samples [k, batch_size / k] batches with a nested "
+                "index, which nothing here can route priorities or checkpoints through. Build "
+                "the same members as rb_lightning.BufferMixture({'a': rb_a, 'b': rb_b}, "
+                "fractions={'a': 0.5, 'b': 0.5}) (or weights=...): flat batches with a 'source' "
+                "column, priorities and resume per member.",
+            )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.keys = check_keys(keys)
         if not (isinstance(num_batches, str) and num_batches == AUTO):

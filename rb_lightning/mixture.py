@@ -53,6 +53,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
+from rb_lightning import torchrl_compat
 from rb_lightning.priorities import current_max_priority
 from rb_lightning.sources import BufferSource, SourceError
 from rb_lightning.validation import check_replay_buffer
@@ -230,7 +231,9 @@ class BufferMixture(ReplayBufferEnsemble):
                 )
             return counts
         probabilities = torch.tensor(self._weights, dtype=torch.float)
-        drawn = torch.multinomial(probabilities, batch_size, True, generator=self._rng)
+        drawn = torch.multinomial(
+            probabilities, batch_size, True, generator=torchrl_compat.buffer_generator(self)
+        )
         return drawn.bincount(minlength=len(self._names)).tolist()
 
     def sample(  # flat batch; the info is also in its columns
@@ -238,7 +241,7 @@ class BufferMixture(ReplayBufferEnsemble):
     ) -> Any:
         """One flat batch of ``batch_size`` items, with ``"source"`` and ``"index"`` columns."""
         if batch_size is None:
-            batch_size = self._batch_size
+            batch_size = torchrl_compat.default_batch_size(self)
         if batch_size is None:
             raise ValueError("BufferMixture.sample needs a batch_size.")
         parts = []

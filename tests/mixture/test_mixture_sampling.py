@@ -108,6 +108,16 @@ def test_workers_with_a_mixture_name_the_argument():
     assert err.value.argument == "num_workers"
 
 
+def test_a_plain_torchrl_ensemble_points_to_buffer_mixture():
+    from torchrl.data import ReplayBufferEnsemble
+
+    mix = make_mixture()
+    ensemble = ReplayBufferEnsemble(mix.member("offline"), mix.member("online"))
+    with pytest.raises(UsageError, match="BufferMixture") as err:
+        ReplayBufferDataModule(ensemble, batch_size=8)
+    assert err.value.argument == "replay_buffer"
+
+
 def test_composition_names_must_be_members():
     with pytest.raises(ValueError, match="not members"):
         make_mixture(fractions={"offline": 0.5, "replay": 0.5})
