@@ -121,3 +121,18 @@ def test_collector_writes_to_its_member_and_leaves_the_others(tmp_path):
             datamodule=ReplayBufferDataModule(mix, batch_size=16, num_batches=None),
         )
     assert err.value.argument == "member"
+
+
+def test_workers_with_the_mixture_config_end_in_one_paragraph(tmp_path, capsys, monkeypatch):
+    from rb_lightning.cli import main
+
+    demos = member(False, capacity=10_000)
+    demos.extend(items(4, 0))
+    (tmp_path / "runs" / "cartpole_demos").mkdir(parents=True)
+    demos.dumps(tmp_path / "runs" / "cartpole_demos")  # exists; never loaded (init fails first)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(CONFIG), "--data.init_args.num_workers=2"])
+    assert stop.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "num_workers=2" in message and "num_workers: 0" in message
