@@ -118,14 +118,16 @@ class ReplayBufferDataModule(LightningDataModule):
     (``prefetch_to_device=True``). See docs/datasets.md, "GPU".
 
     Args:
-        replay_buffer: The buffer to sample training batches from.
+        replay_buffer: The buffer to sample training batches from; a
+            :class:`~rb_lightning.BufferMixture` samples several named buffers as
+            one, each batch with a per-item ``"source"`` id (:attr:`source_names`).
         batch_size: Items per training batch.
 
     Keyword Args:
         keys: Keys to keep in each batch (nested keys as tuples); ``None`` keeps all.
         num_batches: Training batches per epoch. ``"auto"`` (default): one
             buffer's worth, ``ceil(len(buffer) / batch_size)`` measured when the
-            train dataloader is built. An int: that many. ``None``: an unbounded
+            train dataloader is built (a mixture: all members' items together). An int: that many. ``None``: an unbounded
             online stream; the Trainer must then bound it with
             ``limit_train_batches=<int>`` (every epoch is that many batches) or
             ``max_steps``, else :meth:`train_dataloader` raises.
