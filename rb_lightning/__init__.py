@@ -14,13 +14,17 @@ from rb_lightning.dataset import (
     keep_batch,
 )
 from rb_lightning.errors import UsageError
+from rb_lightning.mixture import SOURCE_KEY, BufferMixture, FillMembers
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
 from rb_lightning.runs import FinalLastCheckpoint, RunLogger
 from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
 
 __all__ = [
+    "BufferMixture",
     "BufferStream",
+    "FillMembers",
+    "SOURCE_KEY",
     "FinalLastCheckpoint",
     "SAMPLER_INFO_KEYS",
     "ReplayBufferBatchDataset",

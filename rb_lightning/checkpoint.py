@@ -50,10 +50,11 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from tensordict import TensorDictBase
@@ -86,6 +87,7 @@ from rb_lightning.buffer_format import (
     write_version,
     writes_filled_rows_only,
 )
+from rb_lightning.mixture import BufferMixture
 from rb_lightning.sharding import is_remote
 
 __all__ = [
@@ -114,6 +116,7 @@ __all__ = [
     "install_checkpoint_io",
     "load_buffer",
     "load_remote_buffer",
+    "mixture_state",
     "pack_directory",
     "rank_buffer_state",
     "read_manifest",
@@ -121,6 +124,7 @@ __all__ = [
     "remove_stale_versions",
     "resolve_reference",
     "restore_buffer_state",
+    "restore_mixture_state",
     "restore_remote_buffer_state",
     "staging_dir_for",
     "unpack_directory",
@@ -408,22 +412,23 @@ def install_checkpoint_io(trainer: Any) -> None:
     strategy.checkpoint_io = BufferCheckpointIO(strategy.checkpoint_io)
 
 
-def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str, Any]]:
-    found = []
+def _nested_dicts(checkpoint: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The dicts inside ``checkpoint``, at any depth (a mixture nests one state per member)."""
     for value in checkpoint.values():
         if isinstance(value, dict):
-            found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
+            yield value
+            yield from _nested_dicts(value)
+
+
+def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str, Any]]:
+    found = []
+    for value in _nested_dicts(checkpoint):
+        found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
     return found
 
 
 def _find_references(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    found = []
-    for value in checkpoint.values():
-        if isinstance(value, dict):
-            found += [
-                v for v in value.values() if isinstance(v, dict) and v.get("location") == "beside"
-            ]
-    return found
+    return [value for value in _nested_dicts(checkpoint) if value.get("location") == "beside"]
 
 
 # -- the DataModule's part ---------------------------------------------------------------------
@@ -459,6 +464,64 @@ def buffer_state(
         "len": manifest["len"],
         "write_count": manifest["write_count"],
     }
+
+
+def mixture_state(
+    mixture: BufferMixture,
+    *,
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+    pending_batches: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """:func:`buffer_state` of every member of ``mixture``, and the mixture's generator.
+
+    Each member is saved as a single buffer is (inline or beside the ``.ckpt``,
+    by its own size); the pending batches go with the first member. The
+    generator every member samples with is saved once, as a tensor.
+    """
+    generator = ensure_generator(mixture)
+    members: dict[str, Any] = {}
+    for number, (name, member) in enumerate(mixture.members.items()):
+        members[name] = buffer_state(
+            member,
+            inline_max_bytes=inline_max_bytes,
+            pending_batches=pending_batches if number == 0 else (),
+        )
+    return {
+        "location": "mixture",
+        "names": mixture.names,
+        "members": members,
+        "generator": None if generator is None else generator.get_state(),
+    }
+
+
+def restore_mixture_state(
+    mixture: BufferMixture,
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None = None,
+) -> list[TensorDictBase]:
+    """Inverse of :func:`mixture_state`; returns the pending batches to hand out first."""
+    if state.get("location") != "mixture":
+        raise BufferCheckpointError(
+            "The checkpoint holds a single replay buffer, and the DataModule samples a "
+            f"BufferMixture of {mixture.names}. Resume with the buffer the checkpoint was "
+            "saved with, or start a new run."
+        )
+    if list(state["names"]) != mixture.names:
+        raise BufferCheckpointError(
+            f"The checkpoint holds a mixture of {list(state['names'])}, and the DataModule's "
+            f"mixture has members {mixture.names}. Resume with the same member names, in the "
+            "same order (their order gives the source ids)."
+        )
+    pending: list[TensorDictBase] = []
+    for name, member in mixture.members.items():
+        pending += restore_buffer_state(member, state["members"][name], checkpoint_path)
+    if state.get("generator") is not None:
+        generator = ensure_generator(mixture)
+        if generator is None:
+            generator = torch.Generator()
+        generator.set_state(state["generator"])
+        mixture.set_rng(generator)  # each member's own restored generator is replaced
+    return pending
 
 
 def rank_buffer_state(

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from tensordict import MemoryMappedTensor, TensorDictBase
 from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader
-from torchrl.data import ListStorage, ReplayBuffer, TensorStorage
+from torchrl.data import ListStorage, ReplayBuffer, ReplayBufferEnsemble, TensorStorage
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning import torchrl_compat
@@ -22,9 +22,11 @@ from rb_lightning.checkpoint import (
     buffer_state,
     ensure_generator,
     install_checkpoint_io,
+    mixture_state,
     rank_buffer_state,
     remote_buffer_state,
     restore_buffer_state,
+    restore_mixture_state,
     restore_remote_buffer_state,
 )
 from rb_lightning.columns import leaf_keys
@@ -43,6 +45,7 @@ from rb_lightning.device_prefetch import (
     storage_device,
 )
 from rb_lightning.errors import UsageError
+from rb_lightning.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -115,14 +118,16 @@ class ReplayBufferDataModule(LightningDataModule):
     (``prefetch_to_device=True``). See docs/datasets.md, "GPU".
 
     Args:
-        replay_buffer: The buffer to sample training batches from.
+        replay_buffer: The buffer to sample training batches from; a
+            :class:`~rb_lightning.BufferMixture` samples several named buffers as
+            one, each batch with a per-item ``"source"`` id (:attr:`source_names`).
         batch_size: Items per training batch.
 
     Keyword Args:
         keys: Keys to keep in each batch (nested keys as tuples); ``None`` keeps all.
         num_batches: Training batches per epoch. ``"auto"`` (default): one
             buffer's worth, ``ceil(len(buffer) / batch_size)`` measured when the
-            train dataloader is built. An int: that many. ``None``: an unbounded
+            train dataloader is built (a mixture: all members' items together). An int: that many. ``None``: an unbounded
             online stream; the Trainer must then bound it with
             ``limit_train_batches=<int>`` (every epoch is that many batches) or
             ``max_steps``, else :meth:`train_dataloader` raises.
@@ -224,6 +229,17 @@ class ReplayBufferDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
+        if isinstance(replay_buffer, ReplayBufferEnsemble) and not isinstance(
+            replay_buffer, BufferMixture
+        ):
+            raise UsageError(
+                "replay_buffer",
+                "A torchrl ReplayBufferEnsemble samples [k, batch_size / k] batches with a nested "
+                "index, which nothing here can route priorities or checkpoints through. Build "
+                "the same members as rb_lightning.BufferMixture({'a': rb_a, 'b': rb_b}, "
+                "fractions={'a': 0.5, 'b': 0.5}) (or weights=...): flat batches with a 'source' "
+                "column, priorities and resume per member.",
+            )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.keys = check_keys(keys)
         if not (isinstance(num_batches, str) and num_batches == AUTO):
@@ -289,6 +305,15 @@ class ReplayBufferDataModule(LightningDataModule):
         if not is_remote(self.replay_buffer):
             ensure_generator(self.replay_buffer)
 
+    @property
+    def source_names(self) -> list[str] | None:
+        """Names of a :class:`~rb_lightning.BufferMixture`'s members, by source id (``None``: one buffer).
+
+        ``batch["source"]`` holds each item's source id: ``source_names[batch["source"][i]]``.
+        """
+        rb = self.replay_buffer
+        return rb.names if isinstance(rb, BufferMixture) else None
+
     # -- checks -----------------------------------------------------------------------------
     def _check_storage_device(self) -> None:
         # A lazy storage with device="auto" learns its device at the first write: checked
@@ -304,6 +329,15 @@ class ReplayBufferDataModule(LightningDataModule):
         if self.num_workers == 0:
             return
         rb = self.replay_buffer
+        if isinstance(rb, BufferMixture):
+            raise UsageError(
+                "num_workers",
+                f"ReplayBufferDataModule(num_workers={self.num_workers}) with a BufferMixture: "
+                "each worker would sample its own copy of every member, so the online member's "
+                "new items, priority updates and the mixture's exact resume would not reach "
+                "them. Use num_workers=0 (in a config: data.init_args.num_workers: 0); a "
+                "mixture samples in the training process.",
+            )
         if is_remote(rb):
             raise ValueError(
                 f"num_workers>0 with a {rb.service_backend}-backed replay buffer: it samples in "
@@ -408,17 +442,36 @@ class ReplayBufferDataModule(LightningDataModule):
                 raise
             self._unfilled.remove(entry)
         if stage == "fit":
+            self._check_mixture_fits_trainer()
             self._check_keys_exist()
             if self.num_batches is None:
                 self._check_epoch_is_bounded(None)  # before Lightning prints or builds anything
 
+    def _check_mixture_fits_trainer(self) -> None:
+        trainer = self.trainer
+        if isinstance(self.replay_buffer, BufferMixture) and trainer is not None:
+            if trainer.world_size > 1:
+                raise UsageError(
+                    "replay_buffer",
+                    f"A BufferMixture as replay_buffer with {trainer.world_size} processes "
+                    "(DDP): its checkpoint holds one copy of each member, not one per rank, so "
+                    "a resumed run could not give each rank its own. Train a mixture in one "
+                    "process (trainer.devices: 1), or give each rank a single buffer.",
+                )
+
     def _check_keys_exist(self) -> None:
         """Fail at setup when a requested key is in none of the stored items."""
         rb = self.replay_buffer
-        if self.keys is None or is_remote(rb) or len(rb) == 0:
+        if isinstance(rb, BufferMixture):  # the keys of a filled member (all hold the same)
+            rb = next((m for m in rb.members.values() if len(m) > 0), rb)
+        if self.keys is None or is_remote(rb) or len(rb) == 0 or isinstance(rb, BufferMixture):
             return  # nothing stored yet (a collector will fill it): checked at first sample
         stored = set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
-        missing = [k for k in self.keys if k not in stored and k not in SAMPLER_INFO_KEYS]
+        missing = [
+            k
+            for k in self.keys
+            if k not in stored and k not in SAMPLER_INFO_KEYS and k != SOURCE_KEY
+        ]
         if missing:
             raise ValueError(
                 f"keys={self.keys!r}: {missing!r} not found in the replay buffer's items, which "
@@ -535,6 +588,9 @@ class ReplayBufferDataModule(LightningDataModule):
                 "returns weights (PrioritizedSampler) and keys=None or keys including 'index'."
             )
         rb = self.replay_buffer
+        if isinstance(rb, BufferMixture):
+            self._update_mixture_priority(rb, batch, priority)
+            return
         # Where the sampler keeps its priorities: torchrl's PrioritizedSampler reports its
         # segment trees' device (CUDA trees for a CUDA storage, when torchrl was built with
         # CUDA; else CPU). Moving there once avoids a round trip through the other device.
@@ -550,6 +606,25 @@ class ReplayBufferDataModule(LightningDataModule):
         if checked is not priority:
             self.replaced_priorities += int((checked != priority).sum())
         rb.update_priority(batch["index"].to(tree_device), checked)
+
+    def _update_mixture_priority(
+        self, mixture: BufferMixture, batch: TensorDictBase, priority: torch.Tensor
+    ) -> None:
+        if SOURCE_KEY not in batch.keys():
+            raise KeyError(
+                f"The batch has no {SOURCE_KEY!r} key, which routes each item's priority to its "
+                f"member of the mixture. Keep it: keys=None or keys including {SOURCE_KEY!r}."
+            )
+        priority = torch.as_tensor(priority).detach().cpu()
+        checked = check_priority(
+            priority,
+            invalid=self.invalid_priority,
+            replacement=mixture.max_priority,
+            where="ReplayBufferDataModule.update_priority",
+        )
+        if checked is not priority:
+            self.replaced_priorities += int((checked != priority).sum())
+        mixture.update_member_priority(batch[SOURCE_KEY].cpu(), batch["index"].cpu(), checked)
 
     def teardown(self, stage: str) -> None:
         """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
@@ -627,13 +702,20 @@ class ReplayBufferDataModule(LightningDataModule):
         """
         stream = self._stream.state_dict()
         trainer = self.trainer
+        buffer: Any
         if is_remote(self.replay_buffer):
             # One actor serves every rank: global rank 0 has it dump itself beside the .ckpt
             # (one writer per checkpoint); the other ranks store only their stream position.
             buffer = remote_buffer_state(self.replay_buffer, trainer)
             return {"batches_served": stream["batches_served"], "stream": stream, "buffer": buffer}
         install_checkpoint_io(trainer)
-        if trainer is not None and trainer.world_size > 1:
+        if isinstance(self.replay_buffer, BufferMixture):
+            buffer = mixture_state(
+                self.replay_buffer,
+                inline_max_bytes=self.checkpoint_inline_max_bytes,
+                pending_batches=self._stream.read_ahead(),
+            )
+        elif trainer is not None and trainer.world_size > 1:
             # One buffer per rank, each saved by its rank and restored to it (collective).
             buffer = rank_buffer_state(
                 self.replay_buffer, trainer, pending_batches=self._stream.read_ahead()
@@ -665,6 +747,10 @@ class ReplayBufferDataModule(LightningDataModule):
             install_checkpoint_io(trainer)
             path = trainer.ckpt_path if trainer is not None else None
             restore_remote_buffer_state(self.replay_buffer, buffer, path, trainer)
+        elif buffer is not None and isinstance(self.replay_buffer, BufferMixture):
+            install_checkpoint_io(trainer)
+            path = trainer.ckpt_path if trainer is not None else None
+            self._stream.replay_first(restore_mixture_state(self.replay_buffer, buffer, path))
         elif buffer is not None:
             install_checkpoint_io(trainer)
             restored = restore_buffer_state(

@@ -68,6 +68,7 @@ from rb_lightning.columns import (
 )
 from rb_lightning.columns import columns as batch_columns
 from rb_lightning.errors import UsageError
+from rb_lightning.mixture import is_mixture
 from rb_lightning.sharding import Shard, current_shard, is_remote
 from rb_lightning.stream import BufferStream
 from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
@@ -226,12 +227,20 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     size = len(replay_buffer)
     if size == 0:
         raise _empty_buffer_error()
-    probe = replay_buffer[0 : min(size, _PROBE_SIZE)]
+    probe = _read(replay_buffer, 0, min(size, _PROBE_SIZE))
     selected = leaf_keys(probe) if keys is None else list(keys)
     check_unique_names(selected)
-    fixed = isinstance(replay_buffer.storage, TensorStorage)
+    members = replay_buffer.members.values() if is_mixture(replay_buffer) else [replay_buffer]
+    fixed = all(isinstance(rb.storage, TensorStorage) for rb in members)
     cols = batch_columns(probe, selected)
     return datasets.Features({n: _column_feature(n, c, fixed) for n, c in cols.items()})
+
+
+def _read(replay_buffer: ReplayBuffer, start: int, stop: int) -> Any:
+    """Stored items ``start:stop``; a mixture's with their ``"source"`` column."""
+    if is_mixture(replay_buffer):
+        return replay_buffer.items(start, stop)
+    return replay_buffer[start:stop]
 
 
 def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, NestedKey]]:
@@ -463,6 +472,10 @@ def _check_identical_source(replay_buffer: ReplayBuffer) -> None:
             "different batches. Dump it once and load_buffer the dump on every process, or "
             "export a snapshot with streaming=False.",
         )
+    if is_mixture(replay_buffer):
+        for member in replay_buffer.members.values():
+            _check_identical_source(member)
+        return
     sampler = replay_buffer.sampler
     stateless = (RandomSampler, PrioritizedSampler, SliceSampler)
     if isinstance(sampler, SamplerWithoutReplacement) or not isinstance(sampler, stateless):
@@ -534,7 +547,7 @@ def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
     size = len(rb)
     # Slices, not index tensors: indexing a NonTensorStack with a tensor clones every item.
     tables = [
-        _arrow_table(rb[start : min(start + CHUNK_SIZE, size)], columns, schema)
+        _arrow_table(_read(rb, start, min(start + CHUNK_SIZE, size)), columns, schema)
         for start in range(0, size, CHUNK_SIZE)
     ]
     table = pa.concat_tables(tables) if tables else schema.empty_table()

@@ -76,19 +76,28 @@ class LoadDirectory(BufferSource):
     Args:
         path: The directory ``dumps`` wrote.
 
+    Keyword Args:
+        make_with: The command that writes this directory (e.g.
+            ``"python scripts/make_cartpole_demos.py runs/cartpole_demos"``), told to the
+            user when ``path`` does not exist.
+
     Raises:
         FileNotFoundError: At construction, when ``path`` is not a directory
             written by ``ReplayBuffer.dumps``.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, make_with: str | None = None) -> None:
         self.path = Path(path).expanduser()
+        self.make_with = make_with
         if not self.path.is_dir():
-            raise FileNotFoundError(
-                f"LoadDirectory(path={str(path)!r}): no such directory. Point path at a directory "
-                "written by ReplayBuffer.dumps(path), e.g. one made by "
-                "`python scripts/make_offline_buffer.py <dir>`."
+            how = (
+                f"Make it first: `{make_with}`, or point path at another directory written by "
+                "ReplayBuffer.dumps(path)."
+                if make_with
+                else "Point path at a directory written by ReplayBuffer.dumps(path), e.g. one "
+                "made by `python scripts/make_offline_buffer.py <dir>`."
             )
+            raise FileNotFoundError(f"LoadDirectory(path={str(path)!r}): no such directory. {how}")
         if not is_dumps_directory(self.path):
             raise FileNotFoundError(
                 f"LoadDirectory(path={str(path)!r}): the directory has no {DUMPS_MARKER}, so it "

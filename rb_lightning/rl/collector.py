@@ -18,6 +18,8 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
+from rb_lightning.errors import UsageError
+from rb_lightning.mixture import BufferMixture
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -103,6 +105,10 @@ class OnlineCollector(Callback):
         return_window: Number of most recent episodes averaged in ``episode_return``.
         replay_buffer: The buffer to write to. ``None`` (default): the
             DataModule's ``replay_buffer``.
+        member: With a :class:`~rb_lightning.BufferMixture` as the buffer: the
+            name of the member to write to (e.g. ``"online"``); the other
+            members stay as they are. ``init_random_frames`` then counts that
+            member's items.
         seed: Seed for the environment. ``None``: drawn from torch's global
             generator, so ``seed_everything`` makes the run reproducible.
         exclude_keys: Keys of collected frames that are not written to the buffer.
@@ -148,6 +154,7 @@ class OnlineCollector(Callback):
         max_frames_per_traj: int | None = None,
         return_window: int = 10,
         replay_buffer: ReplayBuffer | None = None,
+        member: str | None = None,
         seed: int | None = None,
         exclude_keys: list[str] | None = None,
         keys: list[NestedKey] | None = None,
@@ -178,6 +185,7 @@ class OnlineCollector(Callback):
         )
         self.return_window = check_positive_int(return_window, "return_window")
         self.replay_buffer = None if replay_buffer is None else check_replay_buffer(replay_buffer)
+        self.member = member
         self.seed = seed
         self.exclude_keys = list(exclude_keys or [])
         self.keys = check_keys(keys)
@@ -211,6 +219,33 @@ class OnlineCollector(Callback):
         return env
 
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
+        buffer = self._target_buffer(trainer)
+        if isinstance(buffer, BufferMixture):
+            if self.member is None:
+                raise UsageError(
+                    "member",
+                    f"OnlineCollector writes to one buffer, and the replay buffer is a "
+                    f"BufferMixture of {buffer.names}. Name the member to fill: "
+                    f"OnlineCollector(member={buffer.names[-1]!r}) (in a config: "
+                    f"init_args.member: {buffer.names[-1]}).",
+                )
+            if self.member not in buffer.names:
+                raise UsageError(
+                    "member",
+                    f"OnlineCollector(member={self.member!r}): the mixture has no such member; "
+                    f"its members are {buffer.names}.",
+                )
+            return buffer.member(self.member)
+        if self.member is not None:
+            raise UsageError(
+                "member",
+                f"OnlineCollector(member={self.member!r}) names a member of a BufferMixture, but "
+                f"the replay buffer is a {type(buffer).__name__}. Drop member, or train with a "
+                "BufferMixture.",
+            )
+        return buffer
+
+    def _target_buffer(self, trainer: Trainer) -> ReplayBuffer:
         if self.replay_buffer is not None:
             return self.replay_buffer
         buffer = getattr(trainer.datamodule, "replay_buffer", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
