@@ -651,12 +651,17 @@ def _load_filled_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[st
         replay_buffer.empty()
         storage.set(slice(0, manifest["len"]), rows)
     except Exception as error:
-        raise BufferCheckpointError(
-            f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
-            f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
-            "storage type and max_size, same sampler and writer types."
-        ) from error
+        raise _unloadable(root, error) from error
     _load_components(replay_buffer, root, manifest)
+
+
+def _unloadable(root: Path, error: Exception) -> BufferCheckpointError:
+    """The error for saved rows that the receiving buffer cannot take (built differently)."""
+    return BufferCheckpointError(
+        f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
+        f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
+        "storage type and max_size, same sampler and writer types."
+    )
 
 
 def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
@@ -667,11 +672,7 @@ def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[
         # sure there is no pickle sidecar for it to read.
         replay_buffer.storage.loads(root / "storage")
     except Exception as error:
-        raise BufferCheckpointError(
-            f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
-            f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
-            "storage type and max_size, same sampler and writer types."
-        ) from error
+        raise _unloadable(root, error) from error
     if manifest["kind"] == _TORCHRL_DUMPS and (root / "buffer_metadata.json").exists():
         manifest = {**manifest, **json.loads((root / "buffer_metadata.json").read_text())}
     _load_components(replay_buffer, root, manifest)
