@@ -820,6 +820,13 @@ def main(argv: list[str] | None = None) -> str:
     )
     parser.add_argument("--repeats", type=int, help="override repeats per shape")
     parser.add_argument("--min-seconds", type=float, help="override seconds per measurement")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="LABEL",
+        help='keep only shapes whose label contains LABEL, e.g. "atari / tensor / prioritized / 32" '
+        "(repeatable): re-measure a single row with more repeats",
+    )
     parser.add_argument("--scratch", help="directory for memmap storages (default: a temp dir)")
     parser.add_argument(
         "--clock",
@@ -845,6 +852,13 @@ def main(argv: list[str] | None = None) -> str:
         plan.repeats = args.repeats
     if args.min_seconds is not None:
         plan.min_seconds = args.min_seconds
+    if args.only:
+        plan.loader_shapes = [s for s in plan.loader_shapes if any(o in s.label for o in args.only)]
+        plan.trainer_shapes = [
+            s for s in plan.trainer_shapes if any(o in s.label for o in args.only)
+        ]
+        if not plan.loader_shapes and not plan.trainer_shapes:
+            parser.error(f"--only {args.only}: no shape of this plan has such a label")
     scratch = tempfile.mkdtemp(prefix="rb_bench_", dir=args.scratch)
     try:
         started = time.perf_counter()

@@ -248,16 +248,14 @@ class BufferStream:
         (:func:`rb_lightning.torchrl_compat.supports_direct_sampling`): the same generator calls, the same
         items, the same attached columns, ~20% less time on small items.
         """
-        rb = self._replay_buffer
-        with torchrl_compat.sampling_locks(rb):  # what rb.sample holds: writers wait
-            index, info = rb.sampler.sample(rb.storage, self._batch_size)
-            batch = rb.storage.get(index)
-        # Both are CPU tensors here (a CPU storage): set them as they are, as _attach would.
+        index, info, batch = torchrl_compat.direct_sample(self._replay_buffer, self._batch_size)
         if self._direct_keys_free is None:
             self._direct_keys_free = not any(k in batch.keys() for k in SAMPLER_INFO_KEYS)
         if self._direct_keys_free:
-            batch.set("index", index)
-            batch.set("priority_weight", info["priority_weight"])
+            # Two CPU tensors of the batch's length from a CPU storage: known to fit, so
+            # set without tensordict's per-set checks (half the cost of a small batch's sets).
+            torchrl_compat.set_known_column(batch, "index", index)
+            torchrl_compat.set_known_column(batch, "priority_weight", info["priority_weight"])
         else:
             info["index"] = index
             _attach(batch, info)

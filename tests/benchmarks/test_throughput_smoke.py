@@ -60,3 +60,14 @@ def test_every_path_yields_full_batches_and_the_report_runs(bench, tmp_path):
     for heading in ("### Loaders", "### Inside `Trainer.fit`"):
         assert heading in report
     assert "| rl / tensor / prioritized / 8 |" in report
+
+
+def test_only_keeps_the_named_rows_and_rejects_a_label_no_shape_has(bench, tmp_path, capsys):
+    report = bench.main(["--smoke", "--only", "rl / tensor / random", "--scratch", str(tmp_path)])
+    assert "### Inside `Trainer.fit`" in report
+    assert "### Loaders" in report and "| rl / tensor / prioritized / 8 |" not in report
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--smoke", "--only", "atari / list", "--scratch", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--only" in capsys.readouterr().err
