@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Final, Literal
 
@@ -70,6 +71,8 @@ _SOURCES_FOR_STAGE = {
     "test": ("test_source",),
 }
 
+logger = logging.getLogger(__name__)
+
 
 def _in_shared_memory(storage: TensorStorage) -> bool:
     """Whether a tensor storage's rows live in shared memory or memory-mapped files."""
@@ -133,7 +136,8 @@ class ReplayBufferDataModule(LightningDataModule):
             ``max_steps``, else :meth:`train_dataloader` raises.
         num_workers: DataLoader worker processes. ``0`` (default) samples in
             the training process, which is fastest on few cores and the only
-            option that sees priority updates.
+            option that sees priority updates. With workers, a tensor-storage
+            buffer is made process-shared (``rb.share()``, said in the log).
         pin_memory: Pin batches so host-to-GPU copies can be asynchronous.
             Refused for a storage on the GPU (nothing on the host to pin).
         prefetch_to_device: Overlap the host-to-device copy of batch ``n+1`` with
@@ -278,6 +282,7 @@ class ReplayBufferDataModule(LightningDataModule):
                 self._unfilled.append((name, checked, buffer))
         self._check_storage_device()
         self._check_workers_fit_buffer()
+        self._share_buffer_with_workers()
         self._check_prefetch_batch_size()
         # Lightning runs a loop when the hook is overridden, so only bind the
         # val/test hooks, on this instance, when there is data behind them.
@@ -369,11 +374,26 @@ class ReplayBufferDataModule(LightningDataModule):
                 "Use the spawn start method (torchrl's default), a LazyMemmapStorage filled "
                 "before fit, or num_workers=0."
             )
-        if isinstance(rb.storage, TensorStorage) and not rb.shared:
-            # torchrl publishes a new length before it copies the rows; only the buffer's
-            # process-shared write lock (taken by writes and by samples) keeps workers from
-            # reading rows that are not written yet. rb.share() installs that lock.
-            rb.share()
+
+    def _share_buffer_with_workers(self) -> None:
+        """``rb.share()`` a tensor-storage buffer that worker processes will sample.
+
+        torchrl publishes a new length before it copies the rows; only the buffer's
+        process-shared write lock (taken by writes and by samples) keeps workers from
+        reading rows that are not written yet, and ``rb.share()`` installs that lock.
+        It changes the user's buffer, so it is said, once, in the log.
+        """
+        rb = self.replay_buffer
+        if self.num_workers == 0 or not isinstance(rb.storage, TensorStorage) or rb.shared:
+            return
+        rb.share()
+        logger.info(
+            "ReplayBufferDataModule(num_workers=%d) called rb.share() on the replay buffer: "
+            "its write lock is now process-shared, so the %d worker processes never read rows "
+            "a write has not finished.",
+            self.num_workers,
+            self.num_workers,
+        )
 
     def _check_prefetch_batch_size(self) -> None:
         # A prefetching buffer samples ahead with its own batch_size and returns those

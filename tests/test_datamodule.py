@@ -206,3 +206,16 @@ def test_unbounded_stream_error_comes_at_setup(tensor_rb):
     dm.trainer = trainer(max_epochs=1)
     with pytest.raises(ValueError, match="unbounded stream"):
         dm.setup("fit")
+
+
+def test_workers_make_a_tensor_storage_buffer_shared_and_say_so(caplog):
+    rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    rb.extend(make_transitions(10))
+    with caplog.at_level("INFO", logger="rb_lightning.datamodule"):
+        ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=0)
+    assert not rb.shared and "rb.share()" not in caplog.text
+
+    with caplog.at_level("INFO", logger="rb_lightning.datamodule"):
+        ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=2)
+    assert rb.shared
+    assert "num_workers=2) called rb.share()" in caplog.text
