@@ -1,8 +1,8 @@
 """rb_lightning: a TorchRL ReplayBuffer as a first-class PyTorch Lightning data source.
 
 ``import rb_lightning`` imports torch, tensordict, torchrl and lightning only;
-the Hugging Face helpers in :mod:`rb_lightning.hf` import ``datasets`` when
-called.
+the Hugging Face helpers (:func:`to_hf_dataset`, :func:`from_hf_dataset`)
+import ``datasets`` when called.
 """
 
 from rb_lightning.datamodule import ReplayBufferDataModule
@@ -14,6 +14,7 @@ from rb_lightning.dataset import (
     keep_batch,
 )
 from rb_lightning.errors import UsageError
+from rb_lightning.hf import from_hf_dataset, to_hf_dataset
 from rb_lightning.mixture import SOURCE_KEY, BufferMixture, FillMembers
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
@@ -36,7 +37,9 @@ __all__ = [
     "StepProgressBar",
     "UsageError",
     "batch_loader",
+    "from_hf_dataset",
     "keep_batch",
+    "to_hf_dataset",
 ]
 
 __version__ = "0.1.0"

@@ -276,8 +276,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             raise
         message = _one_paragraph(str(err))
         if isinstance(err, SourceError):
-            key = getattr(err, "key", "source")
-            message = f"config error at data.init_args.{key}: {message}"
+            message = f"config error at data.init_args.{err.argument}: {message}"
         elif isinstance(err, UsageError):
             message = f"{message} (argument: {err.argument})"
         print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
@@ -469,3 +468,13 @@ def _configured_classes(config: Any) -> list[tuple[str, str, type]]:
 
     walk(config, "")
     return found
+
+
+__all__ = [
+    "CONFIG_ERROR_EXIT_CODE",
+    "ConfigError",
+    "FitConfigSaver",
+    "ReplayBufferCLI",
+    "console_main",
+    "main",
+]

@@ -165,3 +165,16 @@ def rows(
             parts.append(col)
     for values in zip(*parts, strict=True) if parts else ((),) * length:
         yield dict(zip(names, values, strict=True))
+
+
+__all__ = [
+    "KEY_SEPARATOR",
+    "batch_length",
+    "check_unique_names",
+    "column",
+    "columns",
+    "flat_name",
+    "leaf_keys",
+    "normalize_key",
+    "rows",
+]

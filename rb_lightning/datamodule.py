@@ -458,8 +458,9 @@ class ReplayBufferDataModule(LightningDataModule):
             try:
                 source.fill(buffer)
             except SourceError as err:
-                err.key = name  # which DataModule argument, for the CLI's message
-                raise
+                if err.argument == name:
+                    raise
+                raise SourceError(str(err), argument=name) from err
             self._unfilled.remove(entry)
         if stage == "fit":
             self._check_mixture_fits_trainer()
@@ -790,3 +791,8 @@ class ReplayBufferDataModule(LightningDataModule):
             f"num_batches={self.num_batches!r}, num_workers={self.num_workers}, "
             f"pin_memory={self.pin_memory}, prefetch_to_device={self.prefetch_to_device!r})"
         )
+
+
+__all__ = [
+    "ReplayBufferDataModule",
+]

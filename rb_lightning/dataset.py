@@ -749,3 +749,15 @@ class ReplayBufferPassDataset(IterableDataset):
             f"{type(self).__name__}(replay_buffer={type(self._replay_buffer).__name__}"
             f"(len={len(self._replay_buffer)}), batch_size={self._batch_size})"
         )
+
+
+__all__ = [
+    "ReplayBufferBatchDataset",
+    "ReplayBufferDataset",
+    "ReplayBufferPassDataset",
+    "ResumableBatchLoader",
+    "StreamCursor",
+    "StreamState",
+    "batch_loader",
+    "keep_batch",
+]

@@ -124,3 +124,12 @@ def check_priority(
         "them with the current max priority instead, pass "
         "ReplayBufferDataModule(invalid_priority='replace')."
     )
+
+
+__all__ = [
+    "INVALID_PRIORITY_MODES",
+    "InvalidPriorityError",
+    "check_invalid_priority_mode",
+    "check_priority",
+    "current_max_priority",
+]

@@ -239,3 +239,13 @@ def load_in_actor(replay_buffer: RayReplayBuffer, path: str | None) -> tuple[int
         return len(rb), int(rb.write_count)
 
     return ray.get(_actor(replay_buffer).__ray_call__.remote(load, path))
+
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "RayReplayBufferView",
+    "dump_in_actor",
+    "load_in_actor",
+    "named_actor_config",
+    "remote_build",
+]

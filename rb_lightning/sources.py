@@ -48,12 +48,20 @@ from rb_lightning.torchrl_compat import DUMPS_MARKER, is_dumps_directory, loads_
 class SourceError(RuntimeError):
     """A source could not fill the buffer (e.g. a saved directory that does not match it).
 
-    Attributes:
-        key: The DataModule argument that held the source (``"source"``, ``"val_source"``...),
-            set by the DataModule when it fills its buffers.
+    Args:
+        message: What went wrong and the fix, in one paragraph.
+        argument: The DataModule argument that held the source (``"source"``,
+            ``"val_source"``, ``"test_source"``); the command line names it.
+
+    Examples:
+        >>> err = SourceError("no such directory", argument="val_source")
+        >>> err.argument, str(err)
+        ('val_source', 'no such directory')
     """
 
-    key: str = "source"
+    def __init__(self, message: str, *, argument: str = "source") -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 class BufferSource(ABC):
@@ -223,3 +231,12 @@ def _describe(replay_buffer: ReplayBuffer) -> str:
         f"{type(replay_buffer).__name__}(storage={type(storage).__name__}(max_size={capacity}), "
         f"sampler={type(sampler).__name__})"
     )
+
+
+__all__ = [
+    "BufferSource",
+    "CallSource",
+    "LoadDirectory",
+    "SourceError",
+    "resolve_callable",
+]

@@ -212,3 +212,18 @@ def arithmetic_reward(
         text = _text(completion).replace(EOS_TOKEN, "").replace(PAD_TOKEN, "").strip()
         rewards.append(1.0 if answer is not None and text == str(answer) else 0.0)
     return rewards
+
+
+__all__ = [
+    "ALPHABET",
+    "EOS_TOKEN",
+    "IGNORE_INDEX",
+    "PAD_TOKEN",
+    "UNK_TOKEN",
+    "arithmetic_examples",
+    "arithmetic_reward",
+    "arithmetic_tensordict",
+    "fill_arithmetic_buffer",
+    "make_tokenizer",
+    "solve",
+]

@@ -128,3 +128,8 @@ class CausalLMModule(L.LightningModule):
             optimizer, lambda step: min(1.0, (step + 1) / warmup)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+__all__ = [
+    "CausalLMModule",
+]

@@ -487,3 +487,10 @@ def _batch_length(batch: Any) -> int:
     if isinstance(batch, TensorDictBase) and batch.batch_dims:
         return batch.batch_size[0]
     return 1
+
+
+__all__ = [
+    "EPISODE_RETURN_KEY",
+    "OnlineCollector",
+    "make_gym_env",
+]

@@ -190,3 +190,8 @@ class DQN(EvaluatesEpisodes, LightningModule):
         # One fused kernel per step instead of a loop over parameters: the optimizer is a
         # visible share of a small network's step.
         return torch.optim.Adam(self.q_net.parameters(), lr=self._hp.lr, fused=True)
+
+
+__all__ = [
+    "DQN",
+]

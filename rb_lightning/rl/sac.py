@@ -196,3 +196,8 @@ class SAC(EvaluatesEpisodes, LightningModule):
             ],
             fused=True,  # one kernel per step instead of a loop over parameters
         )
+
+
+__all__ = [
+    "SAC",
+]

@@ -42,3 +42,8 @@ class TorchThreads(Callback):
         if self._previous is not None:
             torch.set_num_threads(self._previous)
             self._previous = None
+
+
+__all__ = [
+    "TorchThreads",
+]

@@ -140,7 +140,7 @@ def test_datamodule_source_error_names_the_argument(tmp_path):
     )
     with pytest.raises(SourceError) as info:
         dm.setup("fit")
-    assert info.value.key == "val_source"
+    assert info.value.argument == "val_source"
 
 
 def test_prefetching_buffer_must_share_the_batch_size():

@@ -207,10 +207,11 @@ def test_missing_datasets_names_the_extra(monkeypatch, tensor_rb):
         to_hf_dataset(tensor_rb)
 
 
-def test_importing_the_library_does_not_import_hf_packages():
+def test_importing_the_library_and_its_hf_helpers_does_not_import_hf_packages():
     # Not "transformers": lightning's torchmetrics imports it whenever it is installed.
     code = (
         "import sys, rb_lightning, rb_lightning.hf, rb_lightning.llm.data; "
+        "from rb_lightning import from_hf_dataset, to_hf_dataset; "
         "import rb_lightning.checkpoint, rb_lightning.trl_rollouts; "
         "print(sorted(m for m in ('datasets', 'trl', 'pyarrow') if m in sys.modules))"
     )
