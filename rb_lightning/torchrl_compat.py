@@ -342,7 +342,7 @@ def set_known_column(batch: TensorDictBase, key: str, value: torch.Tensor) -> No
     """``batch.set(key, value)`` for a value already known to fit (same batch size, device).
 
     For a plain ``TensorDict`` this skips tensordict 0.14's per-``set`` validation
-    (~2 us of a ~4 us call); any other class takes the public ``set``.
+    (~0.2 us instead of ~2 us a call); any other class takes the public ``set``.
     """
     if type(batch) is TensorDict:
         batch._set_str(key, value, validated=True, inplace=False)
