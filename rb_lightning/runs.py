@@ -102,7 +102,9 @@ class FinalLastCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         if self.save_last and self.dirpath is not None and not trainer.sanity_checking:
             path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-            trainer.save_checkpoint(path)
+            # A whole checkpoint (loops, callbacks, the buffer): resume reads all of it. Said
+            # explicitly, else Lightning logs "weights_only was not set" under the summary.
+            trainer.save_checkpoint(path, weights_only=self.save_weights_only)
             self.last_model_path = path
 
 

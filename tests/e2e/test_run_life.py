@@ -169,6 +169,7 @@ def test_interrupt_kill_and_resume_continue_the_run(tmp_path):
     assert third.returncode == 0, out[-3000:]
     assert "Traceback" not in out
     assert "last_cursor is None" not in out  # torchrl's false alarm on resume is silenced
+    assert "weights_only" not in out  # the last checkpoint's kind is said, not defaulted
     assert f"fit stopped at step {final_step:,}" in out
     assert f"max_steps={final_step:,} reached" in out
     c = _state(_read_checkpoint(last))
