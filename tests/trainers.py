@@ -1,4 +1,5 @@
-"""One quiet ``lightning.Trainer`` for tests: CPU, no logger, progress bar, model summary or checkpoints.
+"""One quiet ``lightning.Trainer`` for tests (CPU, no logger, progress bar, model summary or
+checkpoints), and the smallest model that logs a loss.
 
 ``quiet_trainer(max_steps=8, callbacks=[...])`` in a test file (``tests/`` is on
 ``sys.path``: ``from trainers import quiet_trainer``).
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 
@@ -27,3 +29,24 @@ def quiet_trainer(**overrides: Any) -> L.Trainer:
         enable_model_summary=False,
     )
     return L.Trainer(**{**defaults, **overrides})
+
+
+class LinearOnX(L.LightningModule):
+    """One ``Linear(1, 1)`` on the batch's ``"x"`` column that logs ``loss`` (lr 0: weights stay).
+
+    Args:
+        prog_bar: Also show ``loss`` on the progress bar.
+    """
+
+    def __init__(self, prog_bar: bool = False) -> None:
+        super().__init__()
+        self.prog_bar = prog_bar
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch["x"].float().unsqueeze(-1)).mean()
+        self.log("loss", loss, prog_bar=self.prog_bar)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from trainers import quiet_trainer
+from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.progress import StepProgressBar
-
-
-class _Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch, batch_idx):
-        loss = self.layer(batch["x"].float().unsqueeze(-1)).mean()
-        self.log("loss", loss, prog_bar=True)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def test_bar_counts_steps_over_epochs():
@@ -32,7 +17,9 @@ def test_bar_counts_steps_over_epochs():
     bar = StepProgressBar()
     trainer = quiet_trainer(max_steps=6, callbacks=[bar], enable_progress_bar=True)
     # num_batches=2: three epochs of two steps; the bar must not restart at each.
-    trainer.fit(_Model(), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=2))
+    trainer.fit(
+        LinearOnX(prog_bar=True), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=2)
+    )
     assert trainer.current_epoch >= 2
     assert bar.train_progress_bar.total == 6
     assert bar.train_progress_bar.n == 6

@@ -5,28 +5,13 @@ from __future__ import annotations
 import os
 import time
 
-import lightning as L
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
-from trainers import quiet_trainer
+from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.runs import FinalLastCheckpoint, RunLogger, latest_checkpoint
-
-
-class _Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch, batch_idx):
-        loss = self.layer(batch["x"].float().unsqueeze(-1)).mean()
-        self.log("loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def test_latest_checkpoint_picks_the_newest(tmp_path):
@@ -51,7 +36,7 @@ def test_final_last_checkpoint_holds_the_last_step_and_logger_writes_metrics(tmp
     assert checkpoint.save_last is True
     logger = RunLogger(save_dir=tmp_path, name="run")
     trainer = quiet_trainer(max_steps=3, callbacks=[checkpoint], logger=logger, log_every_n_steps=1)
-    trainer.fit(_Model(), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=None))
+    trainer.fit(LinearOnX(), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=None))
     last = tmp_path / "ckpt" / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == 3
     assert "loss" in (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
