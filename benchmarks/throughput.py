@@ -853,12 +853,16 @@ def main(argv: list[str] | None = None) -> str:
     if args.min_seconds is not None:
         plan.min_seconds = args.min_seconds
     if args.only:
+        labels = [s.label for s in plan.loader_shapes + plan.trainer_shapes]
         plan.loader_shapes = [s for s in plan.loader_shapes if any(o in s.label for o in args.only)]
         plan.trainer_shapes = [
             s for s in plan.trainer_shapes if any(o in s.label for o in args.only)
         ]
         if not plan.loader_shapes and not plan.trainer_shapes:
-            parser.error(f"--only {args.only}: no shape of this plan has such a label")
+            parser.error(
+                f"--only {args.only}: no shape of this plan has such a label; its labels are "
+                + ", ".join(repr(label) for label in labels)
+            )
     scratch = tempfile.mkdtemp(prefix="rb_bench_", dir=args.scratch)
     try:
         started = time.perf_counter()

@@ -70,4 +70,5 @@ def test_only_keeps_the_named_rows_and_rejects_a_label_no_shape_has(bench, tmp_p
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--smoke", "--only", "atari / list", "--scratch", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "--only" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--only" in err and "its labels are 'rl / tensor / prioritized / 8'" in err
