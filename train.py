@@ -1,6 +1,16 @@
 """Command-line entry point: ``python train.py fit --config configs/<run>.yaml``."""
 
-from rb_lightning.cli import main
+import gc
+
+# Importing torch, Lightning and torchrl creates ~600k long-lived objects, and the cyclic
+# garbage collector would walk them all about 8 times on the way (~0.9 s of start-up).
+# Nothing an import makes is garbage: collect nothing until the imports are done, then
+# freeze those objects out of every later collection.
+gc.disable()
+from rb_lightning.cli import main  # noqa: E402
+
+gc.freeze()
+gc.enable()
 
 if __name__ == "__main__":
     main()

@@ -104,6 +104,8 @@ class BufferStream:
         self._direct: bool = False
         #: Whether stored items lack the attached keys (decided by the first direct draw).
         self._direct_keys_free: bool | None = None
+        #: Whether the buffer's own sample sets the info over stored keys (TensorDictReplayBuffer).
+        self._info_overwrites: bool = False
         #: Batches drawn so far by this copy of the stream.
         self.batches_drawn: int = 0
 
@@ -238,7 +240,11 @@ class BufferStream:
             attach = _attach(batch, info)
         # The sampler and the buffer class are fixed, so the first batch decides.
         self._attach_info = attach
-        self._direct = attach and torchrl_compat.supports_direct_sampling(rb)
+        # A TensorDictReplayBuffer attached the info itself; the direct path does it for both.
+        self._info_overwrites = torchrl_compat.sets_sampler_info(rb)
+        self._direct = (
+            attach or self._info_overwrites
+        ) and torchrl_compat.supports_direct_sampling(rb)
         return batch
 
     def _draw_direct(self) -> Any:
@@ -246,7 +252,8 @@ class BufferStream:
 
         Only for buffers where ``rb.sample`` reduces to sampler + storage read
         (:func:`rb_lightning.torchrl_compat.supports_direct_sampling`): the same generator calls, the same
-        items, the same attached columns, ~20% less time on small items.
+        items, the same attached columns, ~20% less time on small items (~35% for a
+        ``TensorDictReplayBuffer``, whose ``sample`` sets the info key by key).
         """
         index, info, batch = torchrl_compat.direct_sample(self._replay_buffer, self._batch_size)
         if self._direct_keys_free is None:
@@ -256,6 +263,10 @@ class BufferStream:
             # set without tensordict's per-set checks (half the cost of a small batch's sets).
             torchrl_compat.set_known_column(batch, "index", index)
             torchrl_compat.set_known_column(batch, "priority_weight", info["priority_weight"])
+        elif self._info_overwrites:
+            # As TensorDictReplayBuffer.sample does: the fresh info replaces stored values.
+            batch.set("index", index)
+            batch.set("priority_weight", info["priority_weight"])
         else:
             info["index"] = index
             _attach(batch, info)

@@ -16,7 +16,9 @@ from torchrl.data import (
     PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
+    TensorDictRoundRobinWriter,
 )
 from torchrl.envs.transforms import Compose, RenameTransform
 
@@ -48,9 +50,13 @@ def _buffer(storage: str, sampler: str, tmp_path, **kwargs) -> ReplayBuffer:
         "random": RandomSampler,
     }
     buffer_class = kwargs.pop("buffer_class", ReplayBuffer)
+    stored_info = kwargs.pop("stored_info", False)
     rb = buffer_class(storage=storages[storage](), sampler=samplers[sampler](), **kwargs)
     torch.manual_seed(0)
     data = make_transitions(200)
+    if stored_info:  # items that already carry the info keys (e.g. stored from a sample)
+        data["index"] = torch.full((200,), -1)
+        data["priority_weight"] = torch.zeros(200)
     if storage == "list":
         for i in range(len(data)):
             rb.add(data[i])
@@ -76,6 +82,18 @@ CASES = [
     # The full rb.sample path: a transform, and a TensorDictReplayBuffer (sets the info itself).
     ("tensor", "prioritized", {"transform": Compose(RenameTransform(["obs"], ["observation"]))}),
     ("tensor", "prioritized", {"buffer_class": TensorDictReplayBuffer}),
+    # Stored info keys: a TensorDictReplayBuffer replaces them, a plain buffer keeps them.
+    ("tensor", "prioritized", {"buffer_class": TensorDictReplayBuffer, "stored_info": True}),
+    ("tensor", "prioritized", {"stored_info": True}),
+    # A TensorDictReplayBuffer whose writer tracks generations also sets index_generation.
+    (
+        "tensor",
+        "prioritized",
+        {
+            "buffer_class": TensorDictReplayBuffer,
+            "writer": TensorDictRoundRobinWriter(track_generations=True),
+        },
+    ),
 ]
 
 
@@ -113,9 +131,21 @@ def test_direct_sampling_is_taken_only_where_rb_sample_adds_nothing(tmp_path):
     assert not supports_direct_sampling(
         _buffer("tensor", "prioritized", tmp_path, transform=transform)
     )
-    assert not supports_direct_sampling(
+    assert supports_direct_sampling(
         _buffer("tensor", "prioritized", tmp_path, buffer_class=TensorDictReplayBuffer)
     )
+    assert not supports_direct_sampling(
+        _buffer(
+            "tensor",
+            "prioritized",
+            tmp_path,
+            buffer_class=TensorDictReplayBuffer,
+            writer=TensorDictRoundRobinWriter(track_generations=True),
+        )
+    )
+    subclass = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(9))
+    subclass.extend(make_transitions(4))
+    assert not supports_direct_sampling(subclass)
     assert not supports_direct_sampling(
         _buffer("tensor", "prioritized", tmp_path, collate_fn=lambda x: x)
     )
