@@ -15,6 +15,7 @@ dump or a traceback. Set ``RB_LIGHTNING_DEBUG=1`` to get the traceback.
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import importlib
 import inspect
@@ -44,6 +45,8 @@ from rb_lightning.sources import SourceError
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
 _DEBUG_ENV = "RB_LIGHTNING_DEBUG"
+#: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
+_NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
@@ -261,6 +264,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         ...     print(stop.code)
         2
     """
+    _skip_unloadable_nvml()
     try:
         return ReplayBufferCLI(
             subclass_mode_model=True,
@@ -281,6 +285,24 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             message = f"{message} (argument: {err.argument})"
         print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+
+
+def _skip_unloadable_nvml() -> None:
+    """Where NVIDIA's NVML library cannot load, stop torch from trying on every optimizer step.
+
+    Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` so that
+    ``torch.cuda.is_available()`` asks NVML instead of initializing CUDA before a
+    fork. Torch's Adam asks on every step (its CUDA-graph check), and each time
+    torch tries to load ``libnvidia-ml.so.1``: ~4% of a CartPole DQN step on a
+    machine without the driver. When the library does not load, torch falls back
+    to the CUDA runtime's device count anyway, so not trying changes no answer.
+    """
+    if os.environ.get(_NVML_CHECK_ENV) != "1":
+        return
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        os.environ[_NVML_CHECK_ENV] = "0"
 
 
 def console_main() -> None:
