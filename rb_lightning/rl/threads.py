@@ -11,10 +11,13 @@ from rb_lightning.validation import check_positive_int
 class TorchThreads(Callback):
     """Set ``torch.set_num_threads`` while the Trainer runs, restore it afterwards.
 
-    Small RL networks gain nothing from intra-op threads, and on a shared or
+    Small RL networks gain little from intra-op threads, and on a shared or
     oversubscribed CPU the extra OpenMP threads spin against the environment
     and the other processes: a CartPole DQN step measured 5x slower with torch's
-    default thread count than with one thread on a busy 2-core machine.
+    default thread count than with one thread on a busy 2-core machine. On an
+    otherwise idle machine, two threads split the matrix products of a 256x256
+    network (the shipped CartPole DQN: its step 2.4-2.8 ms -> 1.6-2.0 ms), with
+    results identical to one thread's.
 
     Args:
         num_threads: Intra-op threads for the run.
