@@ -79,8 +79,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_SCRIPT = ROOT / "benchmarks" / "reference_agents.py"
 # "template": the reference DQN as Lightning's template behaves (old gym's single `done`
@@ -248,20 +246,6 @@ def read_metrics_csv(save_dir: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------------------
 
 
-def config_threads(config: Path) -> int | None:
-    """The torch thread count a config sets (its ``TorchThreads`` callback), if any.
-
-    The reference agent is given the same count, so that both sides use the same cores.
-    """
-    trainer = yaml.safe_load(config.read_text()).get("trainer") or {}
-    for callback in trainer.get("callbacks") or []:
-        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith(
-            "TorchThreads"
-        ):
-            return int((callback.get("init_args") or {}).get("num_threads", 1))
-    return None
-
-
 def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) -> list[str]:
     if side in REFERENCE_SIDES:
         command = [
@@ -275,9 +259,6 @@ def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) 
         ]
         if side == "template":
             command.append("--old-gym-done")
-        threads = config_threads(ROOT / task.config)
-        if threads is not None:
-            command += ["--threads", str(threads)]
         return command
     command = [
         sys.executable,

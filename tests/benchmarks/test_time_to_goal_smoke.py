@@ -67,17 +67,6 @@ def test_metrics_csv_fallback(bench, tmp_path):
     assert bench.read_metrics_csv(tmp_path / "missing") == {}
 
 
-def test_the_reference_gets_the_thread_count_of_the_config_it_is_compared_with(bench, tmp_path):
-    cartpole = bench.TASKS["cartpole"]
-    command = bench._command(cartpole, "template", 0, tmp_path, cap=None)
-    assert command[command.index("--threads") + 1] == str(
-        bench.config_threads(ROOT / cartpole.config)
-    )
-    config = tmp_path / "no_threads.yaml"
-    config.write_text("trainer:\n  callbacks:\n    - class_path: x.EarlyStopping\n")
-    assert bench.config_threads(config) is None  # then the reference keeps torch's default
-
-
 def test_cli_runs_the_reference_dqn_and_prints_the_table():
     command = [sys.executable, str(SCRIPT), "--task", "cartpole", "--runs", "reference"]
     command += ["--seeds", "0", "--quick", "--max-steps", "200", "--timeout", "120"]
