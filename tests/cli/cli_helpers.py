@@ -40,6 +40,19 @@ def toy_config(replay_buffer: dict[str, Any], **data_args: Any) -> dict[str, Any
     }
 
 
+def tensor_dict_buffer(max_size: int = 50) -> dict[str, Any]:
+    """A ``TensorDictReplayBuffer`` over a ``LazyTensorStorage``, as a config entry."""
+    return {
+        "class_path": "torchrl.data.TensorDictReplayBuffer",
+        "init_args": {
+            "storage": {
+                "class_path": "torchrl.data.LazyTensorStorage",
+                "init_args": {"max_size": max_size},
+            }
+        },
+    }
+
+
 def run_cli(args: list[str], root: Path) -> ReplayBufferCLI:
     """Run ``rb_lightning.cli.main(args)`` quietly, writing run files under ``root``."""
     subcommand, rest = args[0], args[1:]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import yaml
-from cli_helpers import REPO, run_cli, toy_config, write_config
+from cli_helpers import REPO, run_cli, tensor_dict_buffer, toy_config, write_config
 
 pytest.importorskip("transformers")
 
@@ -85,15 +85,7 @@ def test_shipped_config_round_trips_through_print_config(config, capsys, tmp_pat
 
 
 def test_validate_and_test_subcommands_read_their_sources(tmp_path):
-    buffer = {
-        "class_path": "torchrl.data.TensorDictReplayBuffer",
-        "init_args": {
-            "storage": {
-                "class_path": "torchrl.data.LazyTensorStorage",
-                "init_args": {"max_size": 50},
-            }
-        },
-    }
+    buffer = tensor_dict_buffer(max_size=50)
     fill = {
         "class_path": "rb_lightning.sources.CallSource",
         "init_args": {"function": "cli_toy:fill_regression", "kwargs": {"n": 20}},

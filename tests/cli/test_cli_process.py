@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from cli_helpers import run_cli, toy_config, write_config
+from cli_helpers import run_cli, tensor_dict_buffer, toy_config, write_config
 
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
@@ -25,15 +25,7 @@ def test_without_nvml_a_run_stops_torch_probing_for_it_and_answers_the_same(tmp_
         pytest.skip("NVML loads here: torch's NVML-based check works and is kept")
     monkeypatch.setenv(NVML_CHECK, "1")  # what importing Lightning sets
     available = torch.cuda.is_available()
-    buffer = {
-        "class_path": "torchrl.data.TensorDictReplayBuffer",
-        "init_args": {
-            "storage": {
-                "class_path": "torchrl.data.LazyTensorStorage",
-                "init_args": {"max_size": 50},
-            }
-        },
-    }
+    buffer = tensor_dict_buffer(max_size=50)
     config = write_config(toy_config(buffer), tmp_path)
     run_cli(["fit", "--config", str(config), "--trainer.max_steps=2"], tmp_path)
     # Torch's Adam asks torch.cuda.is_available() on every step; without NVML each ask
