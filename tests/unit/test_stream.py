@@ -85,15 +85,6 @@ CASES = [
     # Stored info keys: a TensorDictReplayBuffer replaces them, a plain buffer keeps them.
     ("tensor", "prioritized", {"buffer_class": TensorDictReplayBuffer, "stored_info": True}),
     ("tensor", "prioritized", {"stored_info": True}),
-    # A TensorDictReplayBuffer whose writer tracks generations also sets index_generation.
-    (
-        "tensor",
-        "prioritized",
-        {
-            "buffer_class": TensorDictReplayBuffer,
-            "writer": TensorDictRoundRobinWriter(track_generations=True),
-        },
-    ),
 ]
 
 
@@ -134,6 +125,7 @@ def test_direct_sampling_is_taken_only_where_rb_sample_adds_nothing(tmp_path):
     assert supports_direct_sampling(
         _buffer("tensor", "prioritized", tmp_path, buffer_class=TensorDictReplayBuffer)
     )
+    # A writer tracking generations: TensorDictReplayBuffer.sample also sets index_generation.
     assert not supports_direct_sampling(
         _buffer(
             "tensor",
