@@ -52,13 +52,14 @@ def test_cartpole_dqn_config(tmp_path):
 
 
 def test_pendulum_sac_config(tmp_path):
-    cli = _run("pendulum_sac.yaml", tmp_path, steps=4)
+    cli = _run("pendulum_sac.yaml", tmp_path, steps=8)
     trainer, rb = cli.trainer, cli.datamodule.replay_buffer
     assert isinstance(cli.model, SAC)
     assert isinstance(rb.storage, LazyMemmapStorage)
     assert isinstance(rb.sampler, RandomSampler)
-    assert trainer.global_step == 4
+    assert trainer.global_step == 8
     collector = _collector(trainer)
-    assert len(rb) == collector.frames == collector.init_random_frames + 4
+    # One frame per step, collected 8 at a time after every 8th step.
+    assert len(rb) == collector.frames == collector.init_random_frames + 8
     assert "episode_return" in trainer.progress_bar_metrics
     assert rb[:]["action"].abs().max() <= 2.0
