@@ -80,3 +80,17 @@ def test_cli_runs_the_reference_dqn_and_prints_the_table():
     assert cells[1] == "0" and cells[2] == "no"  # capped far below the goal
     assert cells[4] == "1,200" and cells[5] == "200"  # 1,000 warm-start frames + 1 per step
     assert "| **median**, reference |" in out
+
+
+def test_reference_agents_refuse_a_thread_count_below_one():
+    script = ROOT / "benchmarks" / "reference_agents.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "sac", "--threads", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--threads must be a positive integer, got 0." in done.stderr
+    assert "Traceback" not in done.stderr
