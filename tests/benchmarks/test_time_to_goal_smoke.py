@@ -85,7 +85,8 @@ def test_cli_runs_the_reference_dqn_and_prints_the_table():
 def test_reference_agents_refuse_a_thread_count_below_one():
     script = ROOT / "benchmarks" / "reference_agents.py"
     done = subprocess.run(
-        [sys.executable, str(script), "sac", "--threads", "0"],
+        # --max-steps 1: were the check gone, the run would end at once, not time out.
+        [sys.executable, str(script), "sac", "--threads", "0", "--max-steps", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
