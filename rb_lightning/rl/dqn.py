@@ -18,6 +18,7 @@ from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 from rb_lightning.validation import check_positive_int
 
 _ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+_TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 
 
 class DQN(EvaluatesEpisodes, LightningModule):
@@ -32,9 +33,8 @@ class DQN(EvaluatesEpisodes, LightningModule):
 
     Pair it with :class:`~rb_lightning.rl.OnlineCollector`, which acts with
     :meth:`collection_policy`. The Huber (smooth L1) loss already bounds each
-    item's gradient; the Trainer's ``gradient_clip_val`` clips further if wanted
-    (the shipped CartPole config does not: it never changed a step there, and
-    computing the norm costs ~5% of a step).
+    item's gradient (``td_loss="mse"`` trades that bound for the plain squared
+    error); the Trainer's ``gradient_clip_val`` clips further if wanted.
 
     Args:
         observation_size: Length of the flat observation vector.
@@ -45,6 +45,10 @@ class DQN(EvaluatesEpisodes, LightningModule):
         activation: Activation between hidden layers: ``"tanh"`` (torchrl's
             ``MLP`` default) or ``"relu"``. A name, not a class, so the
             hyperparameters in a checkpoint stay plain data.
+        td_loss: Loss on the TD error, per item before the importance weights:
+            ``"huber"`` (smooth L1, bounded gradients) or ``"mse"`` (what
+            Lightning's DQN template uses; with a small ReLU network and a high
+            learning rate it learns CartPole where Huber does not).
         lr: Adam learning rate.
         gamma: Discount factor.
         target_update_interval: Update the target network every this many steps.
@@ -76,6 +80,7 @@ class DQN(EvaluatesEpisodes, LightningModule):
         *,
         hidden_sizes: list[int] | None = None,
         activation: Literal["tanh", "relu"] = "tanh",
+        td_loss: Literal["huber", "mse"] = "huber",
         lr: float = 1e-3,
         gamma: float = 0.99,
         target_update_interval: int = 500,
@@ -96,6 +101,8 @@ class DQN(EvaluatesEpisodes, LightningModule):
             raise ValueError(
                 f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}."
             )
+        if td_loss not in _TD_LOSSES:
+            raise ValueError(f"td_loss must be one of {sorted(_TD_LOSSES)}, got {td_loss!r}.")
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
         if not 0.0 <= eps_end <= eps_start <= 1.0:
@@ -162,7 +169,7 @@ class DQN(EvaluatesEpisodes, LightningModule):
             discount = hp.gamma if steps is None else hp.gamma ** steps.reshape(-1).to(reward.dtype)
             target = reward + discount * alive * next_value
         td_error = q_taken - target
-        per_item = F.smooth_l1_loss(q_taken, target, reduction="none")
+        per_item = _TD_LOSSES[hp.td_loss](q_taken, target, reduction="none")
         if "priority_weight" in batch.keys():
             loss = (batch["priority_weight"].to(per_item.dtype) * per_item).mean()
             datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
