@@ -36,7 +36,7 @@ run with their faster torch thread count on a 2-core machine (``--threads``): on
 the template DQN (batch 16, 128 units; 15,000 steps, six runs each: median 31.4 s with
 one thread, 36.6 s with two), two for SAC (batch 256, 256x256 networks; seed 0 to the
 goal, two alternating pairs: 92.7 and 93.8 s of training with one thread, 70.4 and
-78.7 s with two). Our two configs use two threads.
+78.7 s with two). Our configs likewise: one thread for CartPole, two for Pendulum.
 
 Each run ends by printing the same summary lines as our ``train.py fit`` (``RunReport``)::
 
