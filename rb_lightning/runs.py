@@ -12,18 +12,34 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
+import sys
+import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-__all__ = ["FinalLastCheckpoint", "RunLogger", "latest_checkpoint"]
+__all__ = [
+    "FinalLastCheckpoint",
+    "RunCheckpoint",
+    "RunLogger",
+    "latest_checkpoint",
+    "read_run_checkpoint",
+    "run_checkpoint",
+    "run_directories",
+]
 
 LAST_CHECKPOINT = "last.ckpt"
+#: Key of ``FinalLastCheckpoint``'s state that says whether (and why) the run had ended.
+RUN_FINISHED_KEY = "run_finished"
 
 
 class RunLogger(CSVLogger):
@@ -31,49 +47,104 @@ class RunLogger(CSVLogger):
 
     ``CSVLogger`` deletes ``metrics.csv`` when it opens a directory that has one;
     a run resumed with ``--ckpt_path last`` logs into the directory it started
-    in, so this logger appends to the file instead (a step logged twice, after
-    the checkpoint and before an interruption, is read back with its latest value
-    by :func:`rb_lightning.curves.read_metrics`).
+    in, so this logger keeps the file and appends to it. Rows at ``purge_step``
+    and after were logged by the earlier process after the checkpoint the run
+    resumes from (it was killed or interrupted later): they are dropped, since
+    the resumed run logs those steps again, so the file holds one history, as
+    TensorBoard's ``SummaryWriter(purge_step=...)`` does. The command line sets
+    ``purge_step`` to the step of the checkpoint it resumes.
 
-    Args: as ``lightning.pytorch.loggers.CSVLogger`` (``save_dir``, ``name``,
-    ``version``, ...).
+    Args:
+        purge_step: Drop the kept rows whose ``step`` is at least this one
+            (``None``: keep them all).
+        Others: as ``lightning.pytorch.loggers.CSVLogger`` (``save_dir``, ``name``,
+            ``version``, ...).
 
     Examples:
         >>> import tempfile
         >>> logger = RunLogger(save_dir=tempfile.mkdtemp(), name="demo")
-        >>> logger.log_metrics({"loss": 1.0}, step=0); logger.save()
-        >>> again = RunLogger(save_dir=logger.save_dir, name="demo", version=logger.version)
+        >>> logger.log_metrics({"loss": 1.0}, step=0); logger.log_metrics({"loss": 0.9}, step=1)
+        >>> logger.save()
+        >>> again = RunLogger(save_dir=logger.save_dir, name="demo", version=logger.version,
+        ...                   purge_step=1)
         >>> again.log_metrics({"loss": 0.5}, step=1); again.save()
         >>> open(f"{again.log_dir}/metrics.csv").read().split()
         ['loss,step', '1.0,0', '0.5,1']
     """
+
+    def __init__(self, *args: Any, purge_step: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.purge_step = purge_step
 
     @property
     def experiment(self) -> Any:  # Lightning types it with its private _ExperimentWriter
         if self._experiment is not None:
             return self._experiment
         metrics = Path(self.log_dir) / "metrics.csv"
-        kept = metrics.read_bytes() if metrics.is_file() else None
+        kept = _read_rows(metrics) if metrics.is_file() else None
         with warnings.catch_warnings():
             # "...will be deleted when the new ones are saved": not with the file put back below.
             warnings.filterwarnings("ignore", message="Experiment logs directory")
             writer = super().experiment
         if kept is not None and hasattr(writer, "metrics_keys"):
-            metrics.write_bytes(kept)
-            with open(metrics, newline="") as file:
-                writer.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+            keys, rows = kept
+            if self.purge_step is not None:
+                rows = [row for row in rows if not _at_or_after(row, self.purge_step)]
+            with open(metrics, "w", newline="") as file:
+                out = csv.DictWriter(file, fieldnames=keys)
+                out.writeheader()
+                out.writerows(rows)
+            writer.metrics_keys = keys
         return writer
 
 
-class FinalLastCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the final step of a finished fit.
+def _read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="") as file:
+        reader = csv.DictReader(file)
+        return list(reader.fieldnames or []), list(reader)
 
-    Lightning's writes ``last.ckpt`` when it saves on its schedule
-    (``every_n_train_steps``...) and at the end of training only if it never
-    saved before, so a run that stops between two scheduled saves (a goal
-    reached at step 12,345 with saves every 1,000) would leave a ``last.ckpt``
-    of step 12,000 to ``test`` and to resume. This one rewrites it when ``fit``
-    ends. Arguments: as ``ModelCheckpoint``; ``save_last`` defaults to ``True``.
+
+def _at_or_after(row: dict[str, str], step: int) -> bool:
+    try:
+        return int(row.get("step") or -1) >= step
+    except ValueError:
+        return False
+
+
+class FinalLastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` holds the final step of a fit, and a Ctrl-C's step.
+
+    Lightning's writes ``last.ckpt`` on its schedule (``every_n_train_steps``...)
+    and at the end of training only if it never saved before, so a run that stops
+    between two scheduled saves (a goal reached at step 12,345 with saves every
+    1,000) would leave a ``last.ckpt`` of step 12,000 to ``test`` and to resume.
+    This one also writes it:
+
+    - at the end of the step that reaches ``max_steps``, and at the end of the
+      epoch in which the Trainer was told to stop (``EarlyStopping``), with the
+      loop state of a checkpoint taken on schedule at that point: extending the
+      run with a larger ``max_steps`` continues its steps, epochs and logged rows
+      as if it had never stopped (a checkpoint taken after ``fit`` ends holds a
+      finished loop, which Lightning resumes one epoch and one logged step on);
+    - on Ctrl-C (``save_on_interrupt``, one process): the step under way
+      finishes, ``last.ckpt`` is written at its end, and the run stops with
+      ``KeyboardInterrupt``. A second Ctrl-C before that stops at once and keeps
+      the previous ``last.ckpt``; one while the checkpoint is written is ignored.
+      Before the first step, Ctrl-C stops at once: there is nothing to keep.
+
+    The checkpoint records whether the run had finished (:func:`read_run_checkpoint`),
+    so that ``--ckpt_path last`` does not write into a finished run unasked.
+
+    Args:
+        save_on_interrupt: Write ``last.ckpt`` when Ctrl-C stops the run (see
+            above). Only on a single process, in the main thread, and where
+            Ctrl-C has Python's default handler; DDP ranks keep Lightning's
+            behaviour (the last scheduled checkpoint is what resumes).
+        enable_version_counter: As ``ModelCheckpoint``'s, but off: ``last.ckpt`` is
+            the run's one resume point and is rewritten, never joined by
+            ``last-v1.ckpt`` (which a resume whose checkpoint schedule changed
+            would otherwise start).
+        Others: as ``ModelCheckpoint``; ``save_last`` defaults to ``True``.
 
     Examples:
         >>> FinalLastCheckpoint(every_n_train_steps=1000).save_last
@@ -87,6 +158,8 @@ class FinalLastCheckpoint(ModelCheckpoint):
         monitor: str | None = None,
         verbose: bool = False,
         save_last: bool | Literal["link"] | None = True,
+        save_on_interrupt: bool = True,
+        enable_version_counter: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -95,17 +168,210 @@ class FinalLastCheckpoint(ModelCheckpoint):
             monitor=monitor,
             verbose=verbose,
             save_last=save_last,
+            enable_version_counter=enable_version_counter,
             **kwargs,
         )
+        self.save_on_interrupt = bool(save_on_interrupt)
+        #: Why the run ended, once it has: ``"max_steps"`` or ``"stopped"``.
+        self.finished: str | None = None
+        # (global step, finished) of the last full checkpoint this trainer wrote
+        self._written: tuple[int, str | None] | None = None
+        self._interrupt = _DeferredInterrupt()
+
+    # -- when to write last.ckpt --------------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.finished = None
+        if self.save_on_interrupt and trainer.world_size == 1:
+            self._interrupt.install(lambda: trainer.global_step > 0)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        # Raised here, not where the checkpoint was written: what Lightning does after
+        # a step (its logged row, a validation) happens as after a scheduled checkpoint.
+        self._interrupt.raise_if_requested()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            self.finished = "max_steps"
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        if self.finished or self._interrupt.requested:
+            self._save_final(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        max_epochs = trainer.max_epochs
+        if trainer.should_stop or (max_epochs and 0 < max_epochs <= trainer.current_epoch + 1):
+            self.finished = self.finished or "stopped"
+        super().on_train_epoch_end(trainer, pl_module)
+        if self.finished:
+            self._save_final(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_end(trainer, pl_module)
-        if self.save_last and self.dirpath is not None and not trainer.sanity_checking:
-            path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+        # Not ModelCheckpoint's: it would write last.ckpt again here, from the finished loop.
+        self._interrupt.uninstall()
+        if not trainer.sanity_checking:
+            self.finished = self.finished or "stopped"
+            self._save_final(trainer)
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        self._interrupt.uninstall()
+        super().on_exception(trainer, pl_module, exception)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._interrupt.uninstall()
+        super().teardown(trainer, pl_module, stage)
+
+    # -- what the checkpoint says about the run -----------------------------------------------
+    def on_save_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        self._written = (trainer.global_step, self.finished)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), RUN_FINISHED_KEY: self.finished}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # A resumed run goes on: what the checkpoint said of its end is history.
+        state = {k: v for k, v in state_dict.items() if k != RUN_FINISHED_KEY}
+        super().load_state_dict(state)
+
+    def _save_final(self, trainer: Trainer) -> None:
+        if not self.save_last or self.dirpath is None:
+            return
+        if self._written == (trainer.global_step, self.finished):
+            return  # the scheduled save of this step wrote the same checkpoint
+        path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+        with self._interrupt.ignored():
             # A whole checkpoint (loops, callbacks, the buffer): resume reads all of it. Said
             # explicitly, else Lightning logs "weights_only was not set" under the summary.
             trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-            self.last_model_path = path
+        self.last_model_path = path
+
+
+class _DeferredInterrupt:
+    """Ctrl-C that stops a run at the end of its step instead of in the middle of it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self, defer: Callable[[], bool]) -> None:
+        """Take over Ctrl-C; ``defer()`` says whether a press waits for the step's end."""
+        self.requested = False
+        in_main = threading.current_thread() is threading.main_thread()
+        if not in_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return  # a worker thread, or a handler of the user's own: leave Ctrl-C alone
+
+        def on_ctrl_c(signum: int, frame: Any) -> None:
+            if self.requested or not defer():
+                self.uninstall()
+                raise KeyboardInterrupt
+            self.requested = True
+            self.uninstall()  # a second Ctrl-C stops at once
+            print(
+                "\nCtrl-C: stopping after this step and writing a checkpoint "
+                "(Ctrl-C again stops at once and keeps the previous one)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        self._previous = signal.signal(signal.SIGINT, on_ctrl_c)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def raise_if_requested(self) -> None:
+        if self.requested:
+            self.requested = False
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def ignored(self) -> Iterator[None]:
+        """Ctrl-C is ignored inside: a checkpoint being written is finished, not torn."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """What a run's ``last.ckpt`` says of the run, read without loading the model or buffer.
+
+    Attributes:
+        path: The checkpoint file.
+        step: Its global step (``None`` if the file cannot be read).
+        finished: Why the run had ended when it was written (``"max_steps"``,
+            ``"stopped"``), or ``None`` for a run that can go on (written on
+            schedule, on Ctrl-C, or before a kill).
+    """
+
+    path: Path
+    step: int | None
+    finished: str | None
+
+    @property
+    def run_dir(self) -> Path:
+        """``runs/<config>/version_<N>`` for ``.../version_<N>/checkpoints/last.ckpt``."""
+        return self.path.parent.parent
+
+
+def read_run_checkpoint(path: str | os.PathLike) -> RunCheckpoint:
+    """Read a checkpoint's step and whether its run had finished (memory-mapped, no pickle).
+
+    Examples:
+        >>> read_run_checkpoint("no/such/last.ckpt").step is None
+        True
+    """
+    path = Path(path)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # unreadable, torn, or holding pickled objects: the caller says so
+        return RunCheckpoint(path, None, None)
+    finished = None
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get(RUN_FINISHED_KEY):
+            finished = str(state[RUN_FINISHED_KEY])
+    step = checkpoint.get("global_step")
+    return RunCheckpoint(path, int(step) if step is not None else None, finished)
+
+
+def run_directories(run_root: str | os.PathLike | None) -> list[Path]:
+    """A config's run directories, ``version_<N>``, oldest first (by ``N``).
+
+    Examples:
+        >>> run_directories("no/such/dir")
+        []
+    """
+    if run_root is None or not Path(run_root).is_dir():
+        return []
+    found = []
+    for path in Path(run_root).glob("version_*"):
+        number = path.name.removeprefix("version_")
+        if path.is_dir() and number.isdigit():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def run_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """A run directory's ``checkpoints/last.ckpt``, if it has one."""
+    path = Path(run_dir) / "checkpoints" / LAST_CHECKPOINT
+    return path if path.is_file() else None
 
 
 def latest_checkpoint(

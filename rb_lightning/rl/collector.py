@@ -427,19 +427,21 @@ class OnlineCollector(Callback):
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
         # Each self.log call costs a Lightning metric update, so the return is logged
-        # when an episode ends (the progress bar keeps the last value) and the rest
-        # every log_every_n_steps.
+        # when an episode ends (the progress bar keeps the last value) and, with the
+        # rest, every log_every_n_steps: a logged row has it whether or not an episode
+        # ended just then (a resumed run's environments start new episodes).
         def log(name: str, value: float, prog_bar: bool = False) -> None:
             pl_module.log(
                 name, value, prog_bar=prog_bar, on_step=True, on_epoch=False, batch_size=1
             )
 
-        if self.episodes != self._episodes_logged and self.recent_returns:
-            log("episode_return", self.mean_return, prog_bar=True)
-            self._episodes_logged = self.episodes
         step = trainer.global_step
         every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
-        if step % every == 0 and self._clock is not None:
+        on_cadence = step % every == 0
+        if (on_cadence or self.episodes != self._episodes_logged) and self.recent_returns:
+            log("episode_return", self.mean_return, prog_bar=True)
+            self._episodes_logged = self.episodes
+        if on_cadence and self._clock is not None:
             now, (then, then_step) = time.perf_counter(), self._clock
             samples = (step - then_step) * _batch_length(batch)
             log("samples_per_s", samples / max(now - then, 1e-9))
