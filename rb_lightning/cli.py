@@ -19,9 +19,11 @@ import ctypes
 import difflib
 import importlib
 import inspect
+import logging
 import os
 import re
 import shlex
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,11 +41,21 @@ from rb_lightning.columns import normalize_key
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
-from rb_lightning.runs import latest_checkpoint
+from rb_lightning.runs import (
+    RunCheckpoint,
+    RunLogger,
+    latest_checkpoint,
+    read_run_checkpoint,
+    run_checkpoint,
+    run_directories,
+)
 from rb_lightning.sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
+#: Exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
+INTERRUPT_EXIT_CODE = 130
+STARTUP_INTERRUPT_LINE = "stopped by Ctrl-C before training started: nothing to save or resume"
 _DEBUG_ENV = "RB_LIGHTNING_DEBUG"
 #: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -103,6 +115,11 @@ class ReplayBufferCLI(LightningCLI):
             else:
                 parser_kwargs[key] = value
         kwargs["parser_kwargs"] = parser_kwargs
+        given = kwargs.get("args")
+        # The command line as typed, for the resume hint (None: a dict or Namespace was given).
+        self._argv = list(given) if isinstance(given, list) else None
+        if given is None:
+            self._argv = sys.argv[1:]
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -134,24 +151,10 @@ class ReplayBufferCLI(LightningCLI):
         config = self.config[self.subcommand]
         trainer = config.trainer
         ckpt_path = config.get("ckpt_path")
+        root = _run_root(trainer)
         if ckpt_path == "last":
-            root = _run_root(trainer)
-            found = latest_checkpoint(root, extra_dirs=_checkpoint_dirs(trainer))
-            if found is None:
-                where = (
-                    f"{root}/version_*/checkpoints/"
-                    if root is not None
-                    else "the checkpoint dirpath"
-                )
-                raise ConfigError(
-                    "ckpt_path",
-                    f"'last' resumes the latest run of this config, but there is no last.ckpt "
-                    f"in {where} yet. Start the run first ({self._command('fit')}), or pass the "
-                    "path of a .ckpt file.",
-                )
-            config.ckpt_path = str(found)
-            if self.subcommand == "fit" and root is not None and found.parent.parent.parent == root:
-                _set_logger_version(trainer, found.parent.parent.name)
+            found = self._last_checkpoint(trainer, root)
+            config.ckpt_path = str(found.path)
         elif ckpt_path not in (None, "best", "hpc") and not str(ckpt_path).startswith("registry"):
             if not Path(ckpt_path).is_file():
                 raise ConfigError(
@@ -159,8 +162,86 @@ class ReplayBufferCLI(LightningCLI):
                     f"{ckpt_path!r} is not a file. Pass a .ckpt written by fit (they are in "
                     "runs/<config>/version_<N>/checkpoints/), or 'last' for the latest run.",
                 )
+            found = read_run_checkpoint(ckpt_path)
+        else:
+            found = None
+        if found is not None:
+            if self.subcommand == "fit":
+                _check_extends(found, trainer)
+            in_own_run = root is not None and found.run_dir.parent.resolve() == root.resolve()
+            if self.subcommand == "fit" and in_own_run:
+                # The run goes on in its own directory; rows its earlier process logged
+                # after this checkpoint are dropped (RunLogger's purge_step).
+                _set_logger_args(trainer, version=found.run_dir.name, purge_step=found.step)
+            print(_resume_line(self.subcommand, found, trainer), flush=True)
         if self.subcommand != "fit" and _has_logger(trainer):
             trainer.logger = False
+
+    # Lightning's Trainer handles Ctrl-C from here on (RunReport and FinalLastCheckpoint).
+    def before_fit(self) -> None:
+        _hand_ctrl_c_to_the_trainer()
+
+    def before_validate(self) -> None:
+        _hand_ctrl_c_to_the_trainer()
+
+    def before_test(self) -> None:
+        _hand_ctrl_c_to_the_trainer()
+
+    def before_predict(self) -> None:
+        _hand_ctrl_c_to_the_trainer()
+
+    def _last_checkpoint(self, trainer: Namespace, root: Path | None) -> RunCheckpoint:
+        """``--ckpt_path last``: the checkpoint of the run the user started last.
+
+        ``fit`` continues that run only if it can go on: it was interrupted or
+        killed, or it ended at ``max_steps`` and the new ``max_steps`` is larger.
+        Anything else stops with a paragraph naming the runs and how to pick one,
+        so that ``last`` never writes into another or a finished run.
+        """
+        explicit_dirs = _checkpoint_dirs(trainer)
+        if explicit_dirs or root is None:  # checkpoints outside run directories
+            path = latest_checkpoint(root, extra_dirs=explicit_dirs)
+            if path is None:
+                raise ConfigError(
+                    "ckpt_path",
+                    "'last' resumes the latest run of this config, but there is no last.ckpt "
+                    f"in the checkpoint dirpath yet. Start the run first "
+                    f"({self._command('fit')}), or pass the path of a .ckpt file.",
+                )
+            return read_run_checkpoint(path)
+        runs = run_directories(root)
+        with_checkpoint = [run for run in runs if run_checkpoint(run) is not None]
+        if not with_checkpoint:
+            raise ConfigError(
+                "ckpt_path",
+                f"'last' resumes the latest run of this config, but there is no last.ckpt in "
+                f"{root}/version_*/checkpoints/ yet. Start the run first "
+                f"({self._command('fit')}), or pass the path of a .ckpt file.",
+            )
+        if self.subcommand != "fit":  # scoring writes nothing: the newest checkpointed run
+            return read_run_checkpoint(run_checkpoint(with_checkpoint[-1]))  # type: ignore[arg-type]
+        latest = runs[-1]
+        path = run_checkpoint(latest)
+        found = read_run_checkpoint(path) if path is not None else None
+        max_steps = trainer.get("max_steps")
+        if found is not None and found.finished is None:
+            return found
+        if found is not None and found.finished == "max_steps" and found.step is not None:
+            if max_steps is not None and (max_steps < 0 or max_steps > found.step):
+                return found  # extending a run that ended at max_steps: asked for
+            _check_extends(found, trainer)  # says how to extend it
+        choices = "; ".join(_describe_run(run) for run in reversed(with_checkpoint[-5:]))
+        if found is None:
+            why = "it has no checkpoint (it stopped before its first one)"
+        else:
+            why = f"it finished (step {found.step:,}) and 'last' does not write into a finished run"
+        example = _shown(run_checkpoint(with_checkpoint[-1]))  # type: ignore[arg-type]
+        raise ConfigError(
+            "ckpt_path",
+            f"'last' continues the run you started last, {_shown(latest)}, but {why}. Runs with a "
+            f"checkpoint: {choices}. To continue one of them, name its checkpoint "
+            f"(--ckpt_path {example}); to start a new run, leave out --ckpt_path.",
+        )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The configured Trainer, plus a step-counting progress bar and a :class:`RunReport`."""
@@ -181,8 +262,24 @@ class ReplayBufferCLI(LightningCLI):
             reports = [RunReport()]
             added += reports
         for report in reports:
-            report.resume_hint = report.resume_hint or self._command("fit", "--ckpt_path last")
+            report.resume_hint = report.resume_hint or self._resume_command()
         return super().instantiate_trainer(callbacks=[*configured, *added], **kwargs)
+
+    def _resume_command(self) -> str:
+        """The command line of this run with ``--ckpt_path last``: its overrides carry over."""
+        argv = self._argv
+        if not argv or argv[0] != "fit":
+            return self._command("fit", "--ckpt_path last")
+        kept: list[str] = []
+        skip = False
+        for arg in argv:
+            if skip:
+                skip = False
+            elif arg == "--ckpt_path":
+                skip = True
+            elif not arg.startswith("--ckpt_path="):
+                kept.append(arg)
+        return " ".join(["python", "train.py", *map(shlex.quote, kept), "--ckpt_path", "last"])
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
@@ -234,11 +331,64 @@ def _checkpoint_dirs(trainer: Namespace) -> list[Path]:
     return dirs
 
 
-def _set_logger_version(trainer: Namespace, version: str) -> None:
+def _set_logger_args(trainer: Namespace, *, version: str, purge_step: int | None) -> None:
     for entry in _logger_entries(trainer):
         if entry.get("init_args") is None:
             entry.init_args = Namespace()
         entry.init_args.version = version
+        if _import(str(entry.get("class_path"))) is RunLogger:
+            entry.init_args.purge_step = purge_step
+
+
+def _check_extends(found: RunCheckpoint, trainer: Namespace) -> None:
+    """A run that ended at ``max_steps`` goes on only with a larger ``max_steps``."""
+    max_steps = trainer.get("max_steps")
+    if found.finished != "max_steps" or found.step is None:
+        return
+    if max_steps is None or 0 <= max_steps <= found.step:
+        raise ConfigError(
+            "trainer.max_steps",
+            f"{_shown(found.path)} is of a run that finished at max_steps (step "
+            f"{found.step:,}); fit would stop again before a step. To train it further, pass "
+            f"--trainer.max_steps above {found.step:,}; to start a new run, leave out "
+            "--ckpt_path.",
+        )
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, as a user types it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _describe_end(found: RunCheckpoint) -> str:
+    step = "step ?" if found.step is None else f"step {found.step:,}"
+    if found.finished == "max_steps":
+        return f"finished at max_steps, {step}"
+    if found.finished:
+        return f"finished, {step}"
+    return f"resumable from {step}"
+
+
+def _describe_run(run_dir: Path) -> str:
+    path = run_checkpoint(run_dir)
+    return f"{_shown(path)} ({_describe_end(read_run_checkpoint(path))})" if path else f"{run_dir}"
+
+
+def _resume_line(subcommand: str, found: RunCheckpoint, trainer: Namespace) -> str:
+    step = "an unknown step" if found.step is None else f"step {found.step:,}"
+    if subcommand != "fit":
+        return f"{subcommand}: the model of {_shown(found.path)} ({step})"
+    if found.finished:
+        max_steps = trainer.get("max_steps")
+        bound = f" to max_steps={max_steps:,}" if max_steps is not None and max_steps > 0 else ""
+        return (
+            f"fit: extending the finished run {_shown(found.run_dir)} from {step}{bound} "
+            f"({found.path.name})"
+        )
+    return f"fit: resuming {_shown(found.run_dir)} from {step} ({found.path.name})"
 
 
 def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
@@ -265,6 +415,8 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         2
     """
     _skip_unloadable_nvml()
+    _quiet_lightning_interrupt_line()
+    _stop_at_once_on_ctrl_c()
     try:
         return ReplayBufferCLI(
             subclass_mode_model=True,
@@ -285,6 +437,48 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             message = f"{message} (argument: {err.argument})"
         print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+    except SystemExit as stop:
+        # Lightning ends an interrupted fit with sys.exit(1) inside its KeyboardInterrupt
+        # handler; the shell's convention for Ctrl-C is 128 + SIGINT.
+        if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+            raise SystemExit(INTERRUPT_EXIT_CODE) from None
+        raise
+
+
+def _stop_at_once_on_ctrl_c() -> None:
+    """Until a subcommand starts, Ctrl-C ends the process at once, in one line, with 130.
+
+    Parsing and building the config's objects start nothing that needs stopping,
+    and a ``KeyboardInterrupt`` raised inside an import can surface as another
+    library's error. ``Trainer.fit`` and the others handle Ctrl-C themselves
+    (:meth:`ReplayBufferCLI.before_fit`).
+    """
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored, not the user's
+        signal.signal(signal.SIGINT, _exit_on_ctrl_c)
+
+
+def _exit_on_ctrl_c(signum: int, frame: Any) -> None:
+    print(STARTUP_INTERRUPT_LINE, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(INTERRUPT_EXIT_CODE)
+
+
+def _hand_ctrl_c_to_the_trainer() -> None:
+    if signal.getsignal(signal.SIGINT) is _exit_on_ctrl_c:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class _DropLightningInterruptLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Detected KeyboardInterrupt" not in record.getMessage()
+
+
+def _quiet_lightning_interrupt_line() -> None:
+    """Leave Ctrl-C's report to :class:`RunReport`: Lightning's own line says less, earlier."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropLightningInterruptLine) for f in logger.filters):
+            logger.addFilter(_DropLightningInterruptLine())
 
 
 def _skip_unloadable_nvml() -> None:
@@ -494,6 +688,7 @@ def _configured_classes(config: Any) -> list[tuple[str, str, type]]:
 
 __all__ = [
     "CONFIG_ERROR_EXIT_CODE",
+    "INTERRUPT_EXIT_CODE",
     "ConfigError",
     "FitConfigSaver",
     "ReplayBufferCLI",

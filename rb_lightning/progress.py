@@ -40,7 +40,8 @@ class StepProgressBar(TQDMProgressBar):
         if self._counts_steps(trainer):
             bar = self.train_progress_bar
             bar.reset(total=trainer.max_steps)
-            bar.n = trainer.global_step  # a resumed run starts where it stopped
+            # A resumed run starts where it stopped; its rate counts only its own steps.
+            bar.n = bar.initial = trainer.global_step
             bar.set_description("step")
             bar.refresh()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 
 from rb_lightning.curves import draw_curves
+from rb_lightning.runs import read_run_checkpoint
 
 __all__ = ["RunReport"]
 
@@ -87,6 +89,11 @@ class RunReport(Callback):
         self.stop_reason = reason
         if not trainer.is_global_zero:
             return
+        if interrupted and trainer.global_step == 0 and trainer.ckpt_path is None:
+            removed = _remove_unstarted_run(trainer)
+            where = f" (removed {_relative(removed)})" if removed else ""
+            print(f"fit stopped by Ctrl-C before its first step: nothing to resume{where}", flush=True)
+            return
         metrics_file = _metrics_file(trainer)
         curve_note = None
         if self.draw and metrics_file is not None:
@@ -108,7 +115,7 @@ class RunReport(Callback):
             lines.append("  " + " | ".join(shown))
         checkpoint = _checkpoint_path(trainer)
         rows = [
-            ("checkpoint", checkpoint or "none written"),
+            ("checkpoint", _with_step(checkpoint) if checkpoint else "none written"),
             ("metrics", metrics_file),
             ("curves", self.curves_path or curve_note),
         ]
@@ -172,6 +179,24 @@ def _checkpoint_path(trainer: Trainer) -> str | None:
             path = callback.last_model_path or callback.best_model_path
             if path:
                 return path
+    return None
+
+
+def _with_step(path: str) -> str:
+    step = read_run_checkpoint(path).step
+    return _relative(path) + (f" (step {step:,})" if step is not None else "")
+
+
+def _remove_unstarted_run(trainer: Trainer) -> Path | None:
+    """Remove the run directory a fit made before its first step, if it holds no checkpoint."""
+    for logger in trainer.loggers:
+        if not isinstance(logger, CSVLogger):
+            continue
+        run_dir = Path(logger.log_dir)
+        if not run_dir.is_dir() or any(run_dir.rglob("*.ckpt")):
+            return None
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return run_dir
     return None
 
 
