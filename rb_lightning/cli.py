@@ -36,6 +36,7 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
+from rb_lightning import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
 from rb_lightning.errors import UsageError
@@ -60,6 +61,10 @@ _DEBUG_ENV = "RB_LIGHTNING_DEBUG"
 #: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_DESCRIPTION = (
+    "Train, validate or test a run described by a LightningCLI config. A shipped config runs "
+    "by name (--config cartpole_dqn); `rb-lightning configs` lists them and copies one out."
+)
 
 
 class ConfigError(Exception):
@@ -283,10 +288,12 @@ class ReplayBufferCLI(LightningCLI):
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
-        parts = ["python", "train.py", subcommand]
+        by_console_script = Path(sys.argv[0]).name == "rb-lightning"
+        parts = ["rb-lightning" if by_console_script else "python train.py", subcommand]
         for path in configs or []:
-            parts += ["--config", str(getattr(path, "relative", path))]  # as the user typed it
-        return " ".join([*map(shlex.quote, parts), *extra])
+            typed = str(getattr(path, "relative", path))  # as the user typed it
+            parts += ["--config", shipped_configs.name_of(typed) or typed]
+        return " ".join([*parts[:2], *map(shlex.quote, parts[2:]), *extra])
 
 
 class FitConfigSaver(SaveConfigCallback):
@@ -418,10 +425,17 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     _quiet_lightning_interrupt_line()
     _stop_at_once_on_ctrl_c()
     try:
+        # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
+        # itself when that is what is parsed (DDP starts the other ranks with sys.argv).
+        if args is None:
+            sys.argv[1:] = shipped_configs.resolve_config_args(sys.argv[1:])
+        else:
+            args = shipped_configs.resolve_config_args(args)
         return ReplayBufferCLI(
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args,
+            parser_kwargs={"description": _DESCRIPTION},
             run=run,
             # A fresh fit gets a new run directory; a resumed one rewrites its own config.
             save_config_callback=FitConfigSaver,
@@ -500,8 +514,11 @@ def _skip_unloadable_nvml() -> None:
 
 
 def console_main() -> None:
-    """``rb-lightning`` console script."""
-    main()
+    """``rb-lightning`` console script; ``rb-lightning configs`` lists the shipped configs."""
+    if sys.argv[1:2] == ["configs"]:
+        shipped_configs.main(sys.argv[2:])
+    else:
+        main()
 
 
 # -- parse errors -------------------------------------------------------------------------------

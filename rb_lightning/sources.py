@@ -86,7 +86,7 @@ class LoadDirectory(BufferSource):
 
     Keyword Args:
         make_with: The command that writes this directory (e.g.
-            ``"python scripts/make_cartpole_demos.py runs/cartpole_demos"``), told to the
+            ``"python -m rb_lightning.rl.make_cartpole_demos runs/cartpole_demos"``), told to the
             user when ``path`` does not exist.
 
     Raises:
@@ -103,7 +103,7 @@ class LoadDirectory(BufferSource):
                 "ReplayBuffer.dumps(path)."
                 if make_with
                 else "Point path at a directory written by ReplayBuffer.dumps(path), e.g. one "
-                "made by `python scripts/make_offline_buffer.py <dir>`."
+                "made by `python -m rb_lightning.llm.make_offline_buffer <dir>`."
             )
             raise FileNotFoundError(f"LoadDirectory(path={str(path)!r}): no such directory. {how}")
         if not is_dumps_directory(self.path):

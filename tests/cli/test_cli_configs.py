@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,19 +11,12 @@ import torch
 import yaml
 from cli_helpers import REPO, run_cli, tensor_dict_buffer, toy_config, write_config
 
+from rb_lightning.llm.make_offline_buffer import make_offline_buffer
+
 pytest.importorskip("transformers")
 
 LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
 OFFLINE = str(REPO / "configs" / "offline_from_disk.yaml")
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location(
-        "make_offline_buffer", REPO / "scripts" / "make_offline_buffer.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_llm_sft_loss_falls(tmp_path):
@@ -45,7 +37,7 @@ def test_llm_sft_loss_falls(tmp_path):
 
 
 def test_offline_from_disk_trains_on_the_saved_items(tmp_path):
-    saved = _load_script().make_offline_buffer(tmp_path / "buffer", num_examples=256)
+    saved = make_offline_buffer(tmp_path / "buffer", num_examples=256)
 
     cli = run_cli(
         [
@@ -103,7 +95,7 @@ def test_validate_and_test_subcommands_read_their_sources(tmp_path):
 
 
 def test_train_py_runs_offline_config_end_to_end(tmp_path):
-    _load_script().make_offline_buffer(tmp_path / "buffer", num_examples=128)
+    make_offline_buffer(tmp_path / "buffer", num_examples=128)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [

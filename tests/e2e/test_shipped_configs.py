@@ -47,7 +47,7 @@ def test_fit_then_validate_and_test_from_its_checkpoint(name, tmp_path):
     ]
     if name == "offline_from_disk":
         subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "make_offline_buffer.py"), "buffer"],
+            [sys.executable, "-m", "rb_lightning.llm.make_offline_buffer", "buffer"],
             cwd=tmp_path,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             check=True,

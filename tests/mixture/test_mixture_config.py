@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -22,12 +21,9 @@ CONFIG = REPO / "configs" / "cartpole_dqn_offline_to_online.yaml"
 
 
 def _make_demos(path: Path, frames: int) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "make_cartpole_demos", REPO / "scripts" / "make_cartpole_demos.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.make_cartpole_demos(path, frames=frames, capacity=10_000, num_envs=4)
+    from rb_lightning.rl.make_cartpole_demos import make_cartpole_demos
+
+    make_cartpole_demos(path, frames=frames, capacity=10_000, num_envs=4)
 
 
 def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -73,7 +69,7 @@ def test_missing_offline_directory_names_the_argument_and_the_script(tmp_path, c
     message = err.strip().splitlines()[-1]
     assert "data.init_args.source" in message and "sources.offline" in message
     assert "runs/cartpole_demos" in message and "no such directory" in message
-    assert "python scripts/make_cartpole_demos.py" in message
+    assert "python -m rb_lightning.rl.make_cartpole_demos" in message
 
 
 def test_collector_writes_to_its_member_and_leaves_the_others(tmp_path):

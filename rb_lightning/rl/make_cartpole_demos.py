@@ -1,10 +1,10 @@
-"""Save the offline CartPole transitions that ``configs/cartpole_dqn_offline_to_online.yaml`` mixes in.
+"""Save the offline CartPole transitions that the ``cartpole_dqn_offline_to_online`` config mixes in.
 
-    python train.py fit --config configs/cartpole_dqn.yaml --seed_everything 100 \\
+    rb-lightning fit --config cartpole_dqn --seed_everything 100 \\
         --trainer.logger.init_args.name=cartpole_demo_policy       # a policy that solves it
-    python scripts/make_cartpole_demos.py runs/cartpole_demos \\
+    python -m rb_lightning.rl.make_cartpole_demos runs/cartpole_demos \\
         --checkpoint runs/cartpole_demo_policy/version_0/checkpoints/last.ckpt
-    python train.py fit --config configs/cartpole_dqn_offline_to_online.yaml
+    rb-lightning fit --config cartpole_dqn_offline_to_online
 
 Plays the checkpoint's DQN policy, epsilon-greedy (``--epsilon``, default 0.1, so
 the data also shows some recoveries), in ``--num-envs`` CartPoles with the same
@@ -51,7 +51,17 @@ def make_cartpole_demos(
     n_steps: int = 3,
     seed: int = 0,
 ) -> tuple[TensorDictReplayBuffer, list[float]]:
-    """Play the policy for ``frames`` transitions, ``dumps`` them to ``path``; return episodes."""
+    """Play the policy for ``frames`` transitions, ``dumps`` them to ``path``; return episodes.
+
+    Returns:
+        The buffer written, and the returns of the episodes that finished.
+
+    Examples:
+        >>> import tempfile
+        >>> rb, returns = make_cartpole_demos(tempfile.mkdtemp(), frames=64, capacity=64, num_envs=2)
+        >>> len(rb)
+        64
+    """
     torch.manual_seed(seed)
     if checkpoint is not None:
         module = DQN.load_from_checkpoint(str(checkpoint), map_location="cpu", weights_only=False)
@@ -74,7 +84,7 @@ def make_cartpole_demos(
         storing_device="cpu",
         auto_register_policy_transforms=False,
     )
-    multi_step = MultiStep(gamma=float(module.hparams.gamma), n_steps=n_steps)
+    multi_step = MultiStep(gamma=float(module.hparams["gamma"]), n_steps=n_steps)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity))
     returns: list[float] = []
     with torch.no_grad():
@@ -95,9 +105,16 @@ def make_cartpole_demos(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rb_lightning.rl.make_cartpole_demos",
+        description=(__doc__ or "").splitlines()[0],
+    )
     parser.add_argument("path", nargs="?", default="runs/cartpole_demos", help="output directory")
-    parser.add_argument("--checkpoint", default=None, help="a DQN .ckpt written by train.py")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a DQN .ckpt of the cartpole_dqn config (runs/.../checkpoints/last.ckpt)",
+    )
     parser.add_argument("--frames", type=int, default=10_000, help="transitions to save")
     parser.add_argument(
         "--capacity", type=int, default=10_000, help="storage max_size; must match the config"
@@ -109,6 +126,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.frames > args.capacity:
         parser.error(f"--frames {args.frames} does not fit in --capacity {args.capacity}.")
+    if args.checkpoint is not None and not Path(args.checkpoint).is_file():
+        parser.error(
+            f"--checkpoint {args.checkpoint!r} is not a file. Pass a .ckpt of the cartpole_dqn "
+            "config (runs/<name>/version_<N>/checkpoints/last.ckpt), or leave --checkpoint out "
+            "for an untrained policy."
+        )
     torch.set_num_threads(1)
     rb, returns = make_cartpole_demos(
         args.path,

@@ -1,7 +1,7 @@
-"""Save the buffer that ``configs/offline_from_disk.yaml`` trains from.
+"""Save the buffer that the ``offline_from_disk`` config trains from.
 
-    python scripts/make_offline_buffer.py runs/offline_buffer
-    python train.py fit --config configs/offline_from_disk.yaml
+    python -m rb_lightning.llm.make_offline_buffer runs/offline_buffer
+    rb-lightning fit --config offline_from_disk
 
 The buffer is built like the config's (``TensorDictReplayBuffer``,
 ``LazyMemmapStorage(max_size=4096)``, default sampler and writer), filled with
@@ -23,7 +23,13 @@ from rb_lightning.llm.data import fill_arithmetic_buffer
 def make_offline_buffer(
     path: str | Path, num_examples: int = 4096, capacity: int = 4096, seed: int = 0
 ) -> TensorDictReplayBuffer:
-    """Fill a buffer of ``capacity`` with ``num_examples`` items and ``dumps`` it to ``path``."""
+    """Fill a buffer of ``capacity`` with ``num_examples`` items and ``dumps`` it to ``path``.
+
+    Examples:
+        >>> import tempfile
+        >>> len(make_offline_buffer(tempfile.mkdtemp(), num_examples=8, capacity=8))
+        8
+    """
     rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(capacity))
     fill_arithmetic_buffer(rb, num_examples, seed=seed, text=False)
     Path(path).mkdir(parents=True, exist_ok=True)
@@ -32,7 +38,10 @@ def make_offline_buffer(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rb_lightning.llm.make_offline_buffer",
+        description=(__doc__ or "").splitlines()[0],
+    )
     parser.add_argument("path", nargs="?", default="runs/offline_buffer", help="output directory")
     parser.add_argument("--num-examples", type=int, default=4096)
     parser.add_argument(
