@@ -120,11 +120,9 @@ class ReplayBufferCLI(LightningCLI):
             else:
                 parser_kwargs[key] = value
         kwargs["parser_kwargs"] = parser_kwargs
-        given = kwargs.get("args")
-        # The command line as typed, for the resume hint (None: a dict or Namespace was given).
-        self._argv = list(given) if isinstance(given, list) else None
-        if given is None:
-            self._argv = sys.argv[1:]
+        # The command line as the user typed it (shipped config names unresolved), for the
+        # resume hint; None where a dict or Namespace was given.
+        self._argv: list[str] | None = kwargs.pop("typed_args", None)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -277,23 +275,27 @@ class ReplayBufferCLI(LightningCLI):
             return self._command("fit", "--ckpt_path last")
         kept: list[str] = []
         skip = False
-        for arg in argv:
+        for arg in argv[1:]:
             if skip:
                 skip = False
             elif arg == "--ckpt_path":
                 skip = True
             elif not arg.startswith("--ckpt_path="):
                 kept.append(arg)
-        return " ".join(["python", "train.py", *map(shlex.quote, kept), "--ckpt_path", "last"])
+        return " ".join([_program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
-        by_console_script = Path(sys.argv[0]).name == "rb-lightning"
-        parts = ["rb-lightning" if by_console_script else "python train.py", subcommand]
+        parts = [_program(), subcommand]
         for path in configs or []:
             typed = str(getattr(path, "relative", path))  # as the user typed it
             parts += ["--config", shipped_configs.name_of(typed) or typed]
         return " ".join([*parts[:2], *map(shlex.quote, parts[2:]), *extra])
+
+
+def _program() -> str:
+    """How the user started this process: the console script or ``python train.py``."""
+    return "rb-lightning" if Path(sys.argv[0]).name == "rb-lightning" else "python train.py"
 
 
 class FitConfigSaver(SaveConfigCallback):
@@ -425,6 +427,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     _quiet_lightning_interrupt_line()
     _stop_at_once_on_ctrl_c()
     try:
+        typed = list(sys.argv[1:] if args is None else args)
         # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
         # itself when that is what is parsed (DDP starts the other ranks with sys.argv).
         if args is None:
@@ -440,6 +443,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             # A fresh fit gets a new run directory; a resumed one rewrites its own config.
             save_config_callback=FitConfigSaver,
             save_config_kwargs={"overwrite": True},
+            typed_args=typed,
         )
     except (ConfigError, SourceError, UsageError, BufferCheckpointError) as err:
         if os.environ.get(_DEBUG_ENV):
