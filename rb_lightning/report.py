@@ -10,7 +10,7 @@ logged metrics into ``curves.png`` in the run directory (needs matplotlib, the
 
     fit stopped at step 9,800 after 24.7 s: goal reached, episode_return 500.00 >= 475.0
       episode_return 500 | frames 20,464 | loss 0.03278
-      checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt
+      checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt (step 9,800)
       metrics     runs/cartpole_dqn/version_0/metrics.csv
       curves      runs/cartpole_dqn/version_0/curves.png
 """
