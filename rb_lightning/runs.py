@@ -194,7 +194,9 @@ class FinalLastCheckpoint(ModelCheckpoint):
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         # Raised here, not where the checkpoint was written: what Lightning does after
         # a step (its logged row, a validation) happens as after a scheduled checkpoint.
-        self._interrupt.raise_if_requested()
+        # A Ctrl-C that came after the last step's checkpoint point waits for this step's.
+        if self._written is not None and self._written[0] == trainer.global_step:
+            self._interrupt.raise_if_requested()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any
