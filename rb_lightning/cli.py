@@ -25,6 +25,7 @@ import re
 import shlex
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,10 +252,13 @@ class ReplayBufferCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         configured = config["trainer"].get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
-        if config["trainer"].get("enable_checkpointing") is False:
+        if config["trainer"].get("enable_checkpointing") is False or self.subcommand != "fit":
             # `--trainer.enable_checkpointing=false` on a config that lists a ModelCheckpoint
-            # means "no checkpoints for this run", not Lightning's error about the conflict.
+            # means "no checkpoints for this run", not Lightning's error about the conflict;
+            # validate and test write none (theirs would only warn that its dirpath moved).
             configured = [cb for cb in configured if not isinstance(cb, Checkpoint)]
+        if self.subcommand != "fit":  # ...nor restore any callback's state: only the weights
+            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`")
         added: list[Any] = []
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured
@@ -424,7 +428,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         2
     """
     _skip_unloadable_nvml()
-    _quiet_lightning_interrupt_line()
+    _quiet_run_log()
     _stop_at_once_on_ctrl_c()
     try:
         typed = list(sys.argv[1:] if args is None else args)
@@ -486,17 +490,45 @@ def _hand_ctrl_c_to_the_trainer() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-class _DropLightningInterruptLine(logging.Filter):
+#: Lines Lightning logs that the run's own output says better, or that say nothing here.
+_SAID_BETTER = (
+    "Detected KeyboardInterrupt",  # RunReport's summary says it, with the resume command
+    "Restoring states from the checkpoint path",  # "fit: resuming <run> from step <S>"
+    "Restored all states from the checkpoint",
+    "Loaded model weights from the checkpoint",  # "test: the model of <ckpt> (step <S>)"
+    "`Trainer.fit` stopped:",  # RunReport: "fit stopped at step S ...: max_steps=S reached"
+    "TPU available:",
+    "HPU available:",
+    "\N{ELECTRIC LIGHT BULB} Tip:",  # an advertisement for a hosted logger
+)
+#: Warnings that third-party code raises on every run and a user can do nothing about.
+_NOT_FOR_THE_USER = (
+    # Lightning's own use of torch's pytree API (Lightning 2.6 with torch 2.14).
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Lightning's check on sized IterableDatasets: ours split work across workers and ranks.
+    r"Your `IterableDataset` has `__len__` defined",
+)
+
+
+class _DropSaidBetter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Detected KeyboardInterrupt" not in record.getMessage()
+        return not record.getMessage().lstrip().startswith(_SAID_BETTER)
 
 
-def _quiet_lightning_interrupt_line() -> None:
-    """Leave Ctrl-C's report to :class:`RunReport`: Lightning's own line says less, earlier."""
+def _quiet_run_log() -> None:
+    """Keep a run's output to the lines a user needs (the allow-list test holds it there).
+
+    Lightning's lines that our own say better are dropped, its and torch's
+    warnings about their own internals are ignored, and torchrl's INFO lines
+    (storage initialised, spec checks) are raised to warnings only.
+    """
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningInterruptLine) for f in logger.filters):
-            logger.addFilter(_DropLightningInterruptLine())
+        if not any(isinstance(f, _DropSaidBetter) for f in logger.filters):
+            logger.addFilter(_DropSaidBetter())
+    for message in _NOT_FOR_THE_USER:
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 
 def _skip_unloadable_nvml() -> None:
