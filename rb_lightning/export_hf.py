@@ -119,11 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Heavy imports from here on: torch, torchrl, and datasets for the export.
     import logging
 
-    # torchrl logs every storage it initialises at INFO; the summary below says what matters.
-    logging.getLogger("torchrl").setLevel(logging.WARNING)
     from rb_lightning.checkpoint import BufferCheckpointError
     from rb_lightning.errors import UsageError
     from rb_lightning.saved import open_saved_buffer
+
+    # torchrl logs every storage it initialises at INFO (set when torchrl is imported);
+    # the summary printed below says what matters.
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
 
     try:
         saved = open_saved_buffer(
