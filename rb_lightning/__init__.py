@@ -56,7 +56,26 @@ _HOMES = {
     "to_hf_dataset": "rb_lightning.hf",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "BufferMixture",
+    "BufferStream",
+    "FillMembers",
+    "FinalLastCheckpoint",
+    "ReplayBufferBatchDataset",
+    "ReplayBufferDataModule",
+    "ReplayBufferDataset",
+    "ReplayBufferPassDataset",
+    "RunLogger",
+    "RunReport",
+    "SAMPLER_INFO_KEYS",
+    "SOURCE_KEY",
+    "StepProgressBar",
+    "UsageError",
+    "batch_loader",
+    "from_hf_dataset",
+    "keep_batch",
+    "to_hf_dataset",
+]
 
 __version__ = "0.1.0"
 

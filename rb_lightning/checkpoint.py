@@ -832,7 +832,9 @@ def checkpoint_dumps(
         if location == "mixture":
             dumps: dict[str, Path] = {}
             for name in state["names"]:
-                member = stack.enter_context(checkpoint_dumps(state["members"][name], checkpoint_path))
+                member = stack.enter_context(
+                    checkpoint_dumps(state["members"][name], checkpoint_path)
+                )
                 dumps[name] = member[""]
             yield dumps
         elif location == "inline":

@@ -107,14 +107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.output is None and not args.list:
-        return _usage_error("OUT: where to write the dataset is missing. Pass OUT, or --list to "
-                            "see what BUFFER holds without exporting.")
+        return _usage_error(
+            "OUT: where to write the dataset is missing. Pass OUT, or --list to "
+            "see what BUFFER holds without exporting."
+        )
     from pathlib import Path
 
-    if args.output is not None and Path(args.output).exists() and any(Path(args.output).iterdir()):
+    out = None if args.output is None else Path(args.output)
+    if out is not None and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
         return _usage_error(
-            f"OUT {args.output!r} exists and is not empty; save_to_disk would replace what is "
-            "there. Pass a new directory, or remove that one first."
+            f"OUT {args.output!r} exists and is not an empty directory; save_to_disk would "
+            "replace what is there. Pass a new directory, or remove that one first."
         )
     # Heavy imports from here on: torch, torchrl, and datasets for the export.
     import logging
@@ -144,10 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _export(saved: Any, keys_given: list[str] | None, output: str) -> int:
     from rb_lightning.columns import KEY_SEPARATOR, flat_name, normalize_key
+
     try:
+        import datasets
+
         from rb_lightning.hf import BOOKKEEPING_KEYS, to_hf_dataset
     except ImportError as error:  # pragma: no cover - the hf extra is missing
-        return _usage_error(str(error))
+        return _usage_error(f"{error}. Exporting needs the hf extra: pip install 'rb-lightning[hf]'.")
     if len(saved.replay_buffer) == 0:
         return _usage_error(
             f"BUFFER {str(saved.path)!r} is {saved.kind}, and it holds no items yet: nothing "
@@ -156,15 +162,22 @@ def _export(saved: Any, keys_given: list[str] | None, output: str) -> int:
     names = [flat_name(k) for k in saved.keys()]
     keys = None
     if keys_given is not None:
-        missing = [k for k in keys_given if k not in names and not any(
-            n.startswith(f"{k}.") for n in names)]
+        missing = [
+            k
+            for k in keys_given
+            if k not in names and not any(n.startswith(f"{k}.") for n in names)
+        ]
         if missing:
             return _usage_error(
                 f"--keys: {', '.join(missing)} not in the buffer, whose items have: "
                 f"{', '.join(names)}. Nested keys are written 'a.b'."
             )
         keys = [normalize_key(tuple(k.split(KEY_SEPARATOR))) for k in keys_given]
-    dataset = to_hf_dataset(saved.replay_buffer, streaming=False, keys=keys)
+    datasets.disable_progress_bars()  # saving takes well under a second per million rows
+    try:
+        dataset = to_hf_dataset(saved.replay_buffer, streaming=False, keys=keys)
+    except (TypeError, ValueError) as error:  # a column Arrow cannot hold: named, with the fix
+        return _usage_error(f"{error} (On this command line: --keys KEY ... to leave it out.)")
     dataset.save_to_disk(output)
     left_out = [n for n in names if n in BOOKKEEPING_KEYS and n not in dataset.column_names]
     lines = [

@@ -57,7 +57,6 @@ from tensordict import NonTensorStack, TensorDict
 from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
-from rb_lightning import torchrl_compat
 from rb_lightning.columns import (
     KEY_SEPARATOR,
     check_unique_names,
@@ -811,4 +810,3 @@ __all__ = [
     "infer_features",
     "to_hf_dataset",
 ]
-

@@ -134,7 +134,8 @@ def _warn_never_logged(curves: list[str], trainer: Trainer, metrics_file: Path) 
     Logged: in ``metrics.csv`` or passed to ``self.log``. A run shorter than
     ``log_every_n_steps`` may not have logged anything yet: no warning then.
     """
-    if trainer.global_step < trainer.log_every_n_steps:
+    every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+    if trainer.global_step < every:
         return
     logged = {*read_metrics(metrics_file), *trainer.callback_metrics}
     missing = [name for name in curves if name not in logged]

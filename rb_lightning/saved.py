@@ -60,7 +60,8 @@ from rb_lightning.checkpoint import (
 )
 from rb_lightning.columns import flat_name, leaf_keys
 from rb_lightning.errors import UsageError
-from rb_lightning.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.mixture import BufferMixture
+from rb_lightning.stream import SAMPLER_INFO_KEYS
 
 __all__ = ["SavedBuffer", "open_saved_buffer"]
 
@@ -109,8 +110,11 @@ class SavedBuffer:
         """
         lines = [f"{self.path}: {self.kind}", f"{len(self.replay_buffer):,} items"]
         if self.sources:
-            counts = [len(rb) for rb in self.replay_buffer.members.values()]  # type: ignore[attr-defined]
-            parts = [f"{i} = {n} ({c:,})" for i, (n, c) in enumerate(zip(self.sources, counts))]
+            counts = [len(rb) for rb in self.replay_buffer.members.values()]
+            parts = [
+                f"{i} = {n} ({c:,})"
+                for i, (n, c) in enumerate(zip(self.sources, counts, strict=True))
+            ]
             lines.append(f"  source ids: {', '.join(parts)}")
         if len(self.replay_buffer):
             first = _first_items(self.replay_buffer)
@@ -123,8 +127,12 @@ class SavedBuffer:
                 else:
                     items = value.tolist() if hasattr(value, "tolist") else [value]
                     rows.append((flat_name(key), type(items[0]).__name__, ""))
-            width = max(len(name) for name, _, _ in rows)
-            lines += [f"  {name:<{width}}  {dtype}  {shape}".rstrip() for name, dtype, shape in rows]
+            name_width = max(len(name) for name, _, _ in rows)
+            dtype_width = max(len(dtype) for _, dtype, _ in rows)
+            for name, dtype, shape in rows:
+                note = "  (torchrl's bookkeeping: exported only if asked for)"
+                line = f"  {name:<{name_width}}  {dtype:<{dtype_width}}  {shape}"
+                lines.append((line + note if name in SAMPLER_INFO_KEYS else line).rstrip())
         return "\n".join(lines)
 
 
@@ -188,7 +196,8 @@ def _open_file(
     try:
         content = read_torch_file(file, allow_pickle=allow_pickle)
     except BufferCheckpointError as error:
-        raise UsageError("allow_pickle" if "allow_pickle" in str(error) else "path", str(error))
+        argument = "allow_pickle" if "allow_pickle" in str(error) else "path"
+        raise UsageError(argument, str(error)) from None
     state = checkpoint_buffer_state(content)
     if state is None:
         if isinstance(content, ReplayBuffer | TensorDictBase):

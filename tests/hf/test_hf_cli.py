@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import torch
+from console_scripts import entry_point
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
 from torchrl.data import (
@@ -198,7 +198,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
     assert "OUT" in error(checkpoint)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "data").write_text("keep me")
-    assert "not empty" in error(checkpoint, tmp_path / "full")
+    assert "not an empty directory" in error(checkpoint, tmp_path / "full")
     assert not (tmp_path / "hf").exists()
 
     # In Python, the dump reader says what a .ckpt is and what reads it.
@@ -210,8 +210,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
 
 def test_help_comes_without_torch_and_shows_the_checkpoint_case_first():
     # The console script's own entry point, as pip installs it from pyproject.toml.
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    module, function = scripts["rb-lightning-export-hf"].split(":")
+    module, function = entry_point("rb-lightning-export-hf")
     assert (module, function) == ("rb_lightning.export_hf", "main")
     probe = (
         "import sys\n"

@@ -23,7 +23,9 @@ def _fit(tmp_path, curves: list[str], steps: int = 4) -> list[str]:
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(LinearOnX(), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=None))
+        trainer.fit(
+            LinearOnX(), datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=None)
+        )
     return [str(w.message) for w in caught if "RunReport(curves=...)" in str(w.message)]
 
 
