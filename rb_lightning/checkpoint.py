@@ -88,7 +88,7 @@ from rb_lightning.buffer_format import (
     writes_filled_rows_only,
 )
 from rb_lightning.mixture import BufferMixture
-from rb_lightning.runs import LAST_CHECKPOINT, latest_checkpoint
+from rb_lightning.runs import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
 from rb_lightning.sharding import is_remote
 
 __all__ = [
@@ -749,9 +749,11 @@ def checkpoint_path_of(path: str | os.PathLike) -> Path | None:
         return location
     if not location.is_dir():
         return None
-    for candidate in (location / "checkpoints" / LAST_CHECKPOINT, location / LAST_CHECKPOINT):
-        if candidate.is_file():
-            return candidate
+    in_run = run_checkpoint(location)
+    if in_run is not None:
+        return in_run
+    if (location / LAST_CHECKPOINT).is_file():
+        return location / LAST_CHECKPOINT
     return latest_checkpoint(location)
 
 

@@ -153,7 +153,9 @@ def _export(saved: Any, keys_given: list[str] | None, output: str) -> int:
 
         from rb_lightning.hf import BOOKKEEPING_KEYS, to_hf_dataset
     except ImportError as error:  # pragma: no cover - the hf extra is missing
-        return _usage_error(f"{error}. Exporting needs the hf extra: pip install 'rb-lightning[hf]'.")
+        return _usage_error(
+            f"{error}. Exporting needs the hf extra: pip install 'rb-lightning[hf]'."
+        )
     if len(saved.replay_buffer) == 0:
         return _usage_error(
             f"BUFFER {str(saved.path)!r} is {saved.kind}, and it holds no items yet: nothing "

@@ -1,9 +1,9 @@
 """From a Lightning run to TRL, typed as docs/trl.md says, and the docs' numbers for that run.
 
 ``python train.py fit`` of a shipped config, then ``rb-lightning-export-hf`` on its run
-directory (the console script as pyproject.toml installs it), then a TRL trainer on
-``datasets.load_from_disk`` of the export (``scripts/trl_from_disk.py``); the main job's
-numeric columns come back into a replay buffer with ``from_hf_dataset``.
+directory (the console script as pyproject.toml installs it), then TRL trainers on
+``datasets.load_from_disk`` of the export (``python -m rb_lightning.llm.trl_from_disk``);
+the main job's numeric columns come back into a replay buffer with ``from_hf_dataset``.
 
 The ``llm_sft`` run is 300 steps: its validation losses are the ones docs/cli.md
 quotes, so a change that moves them fails here until the doc moves too.
@@ -71,7 +71,7 @@ def test_llm_sft_run_exports_and_trains_sft_then_grpo(sft_run):
     exported = datasets.load_from_disk(str(cwd / "sft_data"))
     assert re.fullmatch(r"\d+[+-]\d+=", exported[0]["prompt"])
 
-    script = [sys.executable, str(REPO / "scripts" / "trl_from_disk.py"), "sft_data"]
+    script = [sys.executable, "-m", "rb_lightning.llm.trl_from_disk", "sft_data"]
     result = _run([*script, "--trainer", "sft", "grpo", "--max-steps", "2"], cwd)
     assert "SFTTrainer: 2 steps" in result.stdout and "GRPOTrainer: 2 steps" in result.stdout
     assert "of 4,096 rows in sft_data" in result.stdout

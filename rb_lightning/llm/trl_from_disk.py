@@ -2,28 +2,28 @@
 
     python train.py fit --config configs/llm_sft.yaml
     rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
-    python scripts/trl_from_disk.py sft_data                     # SFTTrainer on prompt/completion
-    python scripts/trl_from_disk.py sft_data --trainer sft grpo  # then GRPOTrainer on prompt
+    python -m rb_lightning.llm.trl_from_disk sft_data                     # SFTTrainer
+    python -m rb_lightning.llm.trl_from_disk sft_data --trainer sft grpo  # then GRPOTrainer
 
 A tiny Llama over the config's local character tokenizer, on the CPU, so that it
 runs in seconds; put your own model and tokenizer in their place. The data is
 ``datasets.load_from_disk`` of the export, as any TRL script would read it.
+``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-
-import datasets
-import transformers
-import trl
+from typing import Any
 
 from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
 
 
-def tiny_model(tokenizer: transformers.PreTrainedTokenizerBase) -> transformers.LlamaForCausalLM:
-    """A one-layer, 32-wide Llama over ``tokenizer``'s vocabulary (random weights, seed 0)."""
+def tiny_model(tokenizer: Any) -> Any:
+    """A one-layer, 32-wide ``LlamaForCausalLM`` over ``tokenizer``'s vocabulary (seed 0)."""
+    import transformers
+
     transformers.set_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trainer", nargs="+", choices=["sft", "grpo"], default=["sft"])
     parser.add_argument("--max-steps", type=int, default=5)
     args = parser.parse_args(argv)
+    import datasets
 
     train_dataset = datasets.load_from_disk(args.dataset)
     tokenizer = make_tokenizer()
@@ -56,14 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  of {train_dataset.num_rows:,} rows in {args.dataset}")
 
 
-def train(
-    name: str,
-    model: transformers.PreTrainedModel,
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    train_dataset: datasets.Dataset,
-    max_steps: int,
-) -> transformers.PreTrainedModel:
+def train(name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: int) -> Any:
     """Train ``model`` with the TRL trainer ``name`` for ``max_steps``; return the trained model."""
+    import trl
+
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-"),
         max_steps=max_steps,
@@ -73,7 +70,7 @@ def train(
         use_cpu=True,
         save_strategy="no",
     )
-    trainer: trl.SFTTrainer | trl.GRPOTrainer
+    trainer: Any
     if name == "sft":  # reads prompt + completion: the loss is on the completion
         trainer = trl.SFTTrainer(
             model=model,
