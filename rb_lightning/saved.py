@@ -118,12 +118,12 @@ class SavedBuffer:
             lines.append(f"  source ids: {', '.join(parts)}")
         if len(self.replay_buffer):
             first = _first_items(self.replay_buffer)
-            rows = []
+            rows: list[tuple[str, str, str]] = []
             for key in self.keys():
                 value = first.get(key)
                 if isinstance(value, torch.Tensor):
-                    dtype, shape = str(value.dtype).removeprefix("torch."), list(value.shape[1:])
-                    rows.append((flat_name(key), dtype, str(shape)))
+                    kind = str(value.dtype).removeprefix("torch.")
+                    rows.append((flat_name(key), kind, str(list(value.shape[1:]))))
                 else:
                     items = value.tolist() if hasattr(value, "tolist") else [value]
                     rows.append((flat_name(key), type(items[0]).__name__, ""))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
 
@@ -52,16 +52,22 @@ def main(argv: list[str] | None = None) -> None:
     train_dataset = datasets.load_from_disk(args.dataset)
     tokenizer = make_tokenizer()
     model = tiny_model(tokenizer)
+    names = {"sft": "SFTTrainer", "grpo": "GRPOTrainer"}
     for name in args.trainer:
-        model = train(name, model, tokenizer, train_dataset, args.max_steps)
-        print(f"  of {train_dataset.num_rows:,} rows in {args.dataset}")
+        model, steps, loss = train(name, model, tokenizer, train_dataset, args.max_steps)
+        print(
+            f"{names[name]}: {steps} steps on {train_dataset.num_rows:,} rows of {args.dataset}, "
+            f"last loss {loss:.4f}"
+        )
 
 
-def train(name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: int) -> Any:
-    """Train ``model`` with the TRL trainer ``name`` for ``max_steps``; return the trained model."""
+def train(
+    name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: int
+) -> tuple[Any, int, float]:
+    """Train ``model`` with TRL trainer ``name``; return the model, its steps and last loss."""
     import trl
 
-    common = dict(
+    common: dict[str, Any] = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-"),
         max_steps=max_steps,
         per_device_train_batch_size=8,
@@ -81,15 +87,14 @@ def train(name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: 
     else:  # reads prompt; other columns reach the reward function as keyword lists
         trainer = trl.GRPOTrainer(
             model=model,
-            reward_funcs=arithmetic_reward,
+            reward_funcs=cast(Any, arithmetic_reward),  # TRL types rewards list[float | None]
             args=trl.GRPOConfig(**common, num_generations=4, max_completion_length=4),
             train_dataset=train_dataset,
             processing_class=tokenizer,
         )
     trainer.train()
     loss = [log["loss"] for log in trainer.state.log_history if "loss" in log][-1]
-    print(f"{type(trainer).__name__}: {trainer.state.global_step} steps, last loss {loss:.4f}")
-    return trainer.model
+    return trainer.model, trainer.state.global_step, float(loss)
 
 
 if __name__ == "__main__":
