@@ -298,6 +298,12 @@ def _write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """Read and verify the manifest of a buffer dump; raise :class:`BufferCheckpointError`."""
     root = Path(path)
+    if root.is_file():
+        raise BufferCheckpointError(
+            f"{root} is a file, and a replay-buffer dump is a directory (written by "
+            "dump_buffer). To read the buffer of a Lightning checkpoint (.ckpt) or a run "
+            "directory, use rb_lightning.checkpoint.load_buffer(rb, path)."
+        )
     if not root.is_dir():
         raise BufferCheckpointError(
             f"The checkpoint refers to a replay-buffer directory that does not exist: {root}. "
