@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import shlex
-import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -40,6 +39,11 @@ from tensordict.utils import NestedKey
 from rb_lightning import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
+from rb_lightning.console import (
+    INTERRUPT_EXIT_CODE,
+    hand_ctrl_c_to_the_trainer,
+    stop_at_once_on_ctrl_c,
+)
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
@@ -55,9 +59,6 @@ from rb_lightning.sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
-#: Exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
-INTERRUPT_EXIT_CODE = 130
-STARTUP_INTERRUPT_LINE = "stopped by Ctrl-C before training started: nothing to save or resume"
 _DEBUG_ENV = "RB_LIGHTNING_DEBUG"
 #: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -183,16 +184,16 @@ class ReplayBufferCLI(LightningCLI):
 
     # Lightning's Trainer handles Ctrl-C from here on (RunReport and FinalLastCheckpoint).
     def before_fit(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_validate(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_test(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_predict(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def _last_checkpoint(self, trainer: Namespace, root: Path | None) -> RunCheckpoint:
         """``--ckpt_path last``: the checkpoint of the run the user started last.
@@ -429,7 +430,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     """
     _skip_unloadable_nvml()
     _quiet_run_log()
-    _stop_at_once_on_ctrl_c()
+    stop_at_once_on_ctrl_c()
     try:
         typed = list(sys.argv[1:] if args is None else args)
         # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
@@ -465,29 +466,6 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
             raise SystemExit(INTERRUPT_EXIT_CODE) from None
         raise
-
-
-def _stop_at_once_on_ctrl_c() -> None:
-    """Until a subcommand starts, Ctrl-C ends the process at once, in one line, with 130.
-
-    Parsing and building the config's objects start nothing that needs stopping,
-    and a ``KeyboardInterrupt`` raised inside an import can surface as another
-    library's error. ``Trainer.fit`` and the others handle Ctrl-C themselves
-    (:meth:`ReplayBufferCLI.before_fit`).
-    """
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored, not the user's
-        signal.signal(signal.SIGINT, _exit_on_ctrl_c)
-
-
-def _exit_on_ctrl_c(signum: int, frame: Any) -> None:
-    print(STARTUP_INTERRUPT_LINE, file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(INTERRUPT_EXIT_CODE)
-
-
-def _hand_ctrl_c_to_the_trainer() -> None:
-    if signal.getsignal(signal.SIGINT) is _exit_on_ctrl_c:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: Lines Lightning logs that the run's own output says better, or that say nothing here.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from console_scripts import command as console_command
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN_JOB = str(REPO / "configs" / "cartpole_dqn.yaml")
@@ -102,9 +103,20 @@ def _assert_one_history(rows: list[dict[str, str]]) -> None:
     assert steps == sorted(steps)
 
 
-def test_ctrl_c_during_start_up_prints_one_line_and_exits_130(tmp_path):
+@pytest.mark.parametrize("program", ["train.py", "rb-lightning"])
+def test_ctrl_c_during_start_up_prints_one_line_and_exits_130(tmp_path, program):
     log = tmp_path / "out.log"
-    run = _start(["fit", "--config", MAIN_JOB], tmp_path, log)
+    if program == "train.py":
+        run = _start(["fit", "--config", MAIN_JOB], tmp_path, log)
+    else:
+        run = subprocess.Popen(
+            [*console_command("rb-lightning"), "fit", "--config", "cartpole_dqn"],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     time.sleep(0.5)  # importing torch and Lightning
     run.send_signal(signal.SIGINT)
     out = _wait(run, log)
