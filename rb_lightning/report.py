@@ -132,9 +132,13 @@ def _warn_never_logged(curves: list[str], trainer: Trainer, metrics_file: Path) 
     """Warn about requested curves that the run never logged (a panel and a number short).
 
     Logged: in ``metrics.csv`` or passed to ``self.log``. A run shorter than
-    ``log_every_n_steps`` may not have logged anything yet: no warning then.
+    ``log_every_n_steps``, or than a validation interval given in steps, may not
+    have logged everything yet: no warning then.
     """
     every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+    val_every = trainer.val_check_interval
+    if isinstance(val_every, int) and trainer.limit_val_batches != 0:
+        every = max(every, val_every)
     if trainer.global_step < every:
         return
     logged = {*read_metrics(metrics_file), *trainer.callback_metrics}
