@@ -3,7 +3,7 @@
 import gc
 
 # Light (imports nothing heavy): Ctrl-C during the imports below ends in one line, exit 130.
-from rb_lightning.console import stop_at_once_on_ctrl_c
+from rb_lightning.startup import stop_at_once_on_ctrl_c
 
 stop_at_once_on_ctrl_c()
 

@@ -39,11 +39,6 @@ from tensordict.utils import NestedKey
 from rb_lightning import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
-from rb_lightning.console import (
-    INTERRUPT_EXIT_CODE,
-    hand_ctrl_c_to_the_trainer,
-    stop_at_once_on_ctrl_c,
-)
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
@@ -56,6 +51,11 @@ from rb_lightning.runs import (
     run_directories,
 )
 from rb_lightning.sources import SourceError
+from rb_lightning.startup import (
+    INTERRUPT_EXIT_CODE,
+    hand_ctrl_c_to_the_trainer,
+    stop_at_once_on_ctrl_c,
+)
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
