@@ -68,10 +68,12 @@ from rb_lightning.buffer_format import (
     BufferCheckpointAdapter,
     BufferCheckpointError,
     NotEnoughDiskSpaceError,
+    Verify,
     buffer_build,
     buffer_nbytes,
     check_disk_space,
     check_same_build,
+    check_verify_mode,
     dump_buffer,
     dump_nbytes,
     dump_remote_buffer,
@@ -83,6 +85,7 @@ from rb_lightning.buffer_format import (
     publish_version,
     read_manifest,
     remove_stale_versions,
+    sync_path,
     unpack_directory,
     write_version,
     writes_filled_rows_only,
@@ -102,12 +105,14 @@ __all__ = [
     "NotEnoughDiskSpaceError",
     "RankDumpsRequest",
     "RemoteDumpRequest",
+    "Verify",
     "buffer_build",
     "buffer_dir_for",
     "buffer_nbytes",
     "buffer_state",
     "check_disk_space",
     "check_same_build",
+    "check_verify_mode",
     "dump_buffer",
     "dump_nbytes",
     "dump_remote_buffer",
@@ -127,6 +132,7 @@ __all__ = [
     "restore_mixture_state",
     "restore_remote_buffer_state",
     "staging_dir_for",
+    "sync_path",
     "unpack_directory",
     "write_version",
     "writes_filled_rows_only",
@@ -296,6 +302,7 @@ class _CommitAfterWrite(CheckpointIO):
         number = checkpoint.pop(_SAVE_KEY, None)
         try:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            _sync_local_file(path)
         except BaseException:
             self.ledger.finish(number, written=False)
             raise
@@ -313,6 +320,20 @@ class _CommitAfterWrite(CheckpointIO):
 
     def teardown(self) -> None:
         self.checkpoint_io.teardown()
+
+
+def _sync_local_file(path: Any) -> None:
+    """``fsync`` a ``.ckpt`` just written and its directory, if it is a local file.
+
+    Older buffer versions are deleted right after: the new ``.ckpt`` that replaces
+    them must be on disk first, or a machine crash could leave the old ``.ckpt``
+    pointing at a deleted buffer.
+    """
+    local = Path(str(path).removeprefix("file://"))
+    if "://" in str(local) or not local.is_file():
+        return  # a remote filesystem (fsspec URL): its own durability rules
+    sync_path(local)
+    sync_path(local.parent, recursive=False)
 
 
 class BufferCheckpointIO(CheckpointIO):
@@ -498,8 +519,15 @@ def restore_mixture_state(
     mixture: BufferMixture,
     state: dict[str, Any],
     checkpoint_path: str | os.PathLike | None = None,
+    *,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
-    """Inverse of :func:`mixture_state`; returns the pending batches to hand out first."""
+    """Inverse of :func:`mixture_state`; returns the pending batches to hand out first.
+
+    Every member's dump is verified (``verify``, see
+    :func:`~rb_lightning.buffer_format.read_manifest`) before any member is
+    loaded, so a damaged member leaves the whole mixture as it was.
+    """
     if state.get("location") != "mixture":
         raise BufferCheckpointError(
             "The checkpoint holds a single replay buffer, and the DataModule samples a "
@@ -513,8 +541,18 @@ def restore_mixture_state(
             "same order (their order gives the source ids)."
         )
     pending: list[TensorDictBase] = []
-    for name, member in mixture.members.items():
-        pending += restore_buffer_state(member, state["members"][name], checkpoint_path)
+    with contextlib.ExitStack() as stack:
+        roots = {
+            name: stack.enter_context(_dump_directory(state["members"][name], checkpoint_path))
+            for name in mixture.members
+        }
+        for root in roots.values():
+            if root is not None:
+                read_manifest(root, verify=verify)
+        for name, member in mixture.members.items():
+            root = roots[name]
+            if root is not None:
+                pending += load_buffer(member, root, verify="none")  # verified above
     if state.get("generator") is not None:
         generator = ensure_generator(mixture)
         if generator is None:
@@ -554,6 +592,7 @@ def rank_buffer_state(
             pending_batches=pending_batches,
             extra={"rank": rank, "world_size": world_size},
         )
+        sync_path(target)  # each rank flushes its own files; rank 0 renames the whole set
     except Exception as caught:  # every rank must reach the decision below, or all hang
         error = caught
     if not strategy.reduce_boolean_decision(error is None, all=True):
@@ -653,6 +692,8 @@ def restore_remote_buffer_state(
     state: dict[str, Any],
     checkpoint_path: str | os.PathLike | None,
     trainer: Any,
+    *,
+    verify: Verify = "full",
 ) -> None:
     """Restore a Ray buffer from its checkpoint: rank 0 loads it into the actor, all ranks wait.
 
@@ -673,7 +714,9 @@ def restore_remote_buffer_state(
                     "'ray'). Resume with the same kind of buffer as the saved run, or start "
                     "a new run."
                 )
-            load_remote_buffer(replay_buffer, resolve_reference(state, checkpoint_path))
+            load_remote_buffer(
+                replay_buffer, resolve_reference(state, checkpoint_path), verify=verify
+            )
         except Exception as caught:  # every rank must reach the decision below, or all hang
             error = caught
     if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
@@ -693,16 +736,35 @@ def restore_buffer_state(
     *,
     rank: int = 0,
     world_size: int = 1,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
 
     ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
     run holds one buffer per rank; each rank restores its own, and a different
-    world size raises :class:`BufferCheckpointError`.
+    world size raises :class:`BufferCheckpointError`. ``verify``: what is checked
+    before the buffer is touched (see :func:`~rb_lightning.buffer_format.read_manifest`).
+    """
+    with _dump_directory(state, checkpoint_path, rank=rank, world_size=world_size) as root:
+        return [] if root is None else load_buffer(replay_buffer, root, verify=verify)
+
+
+@contextlib.contextmanager
+def _dump_directory(
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Path | None]:
+    """The dump directory of a :func:`buffer_state` (an inline one unpacked meanwhile).
+
+    ``None`` for a placeholder that restores nothing (``location="remote"``).
     """
     location = state.get("location")
     if location == "remote":
-        return []
+        yield None
+        return
     saved_world = int(state.get("world_size", 1))
     if saved_world != world_size:
         raise BufferCheckpointError(
@@ -715,12 +777,14 @@ def restore_buffer_state(
     if location == "inline":
         with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
             unpack_directory(state["archive"], tmp)
-            return load_buffer(replay_buffer, tmp)
+            yield Path(tmp)
+        return
     if location == "beside":
         root = resolve_reference(state, checkpoint_path)
         if "world_size" in state:
             root = root / f"{_RANK_PREFIX}{rank}"
-        return load_buffer(replay_buffer, root)
+        yield root
+        return
     raise BufferCheckpointError(
         f"Unknown replay-buffer location {location!r} in the checkpoint (expected 'inline' or "
         "'beside'); was it written by a newer rb_lightning?"
