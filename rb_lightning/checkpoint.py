@@ -146,6 +146,7 @@ DEFAULT_INLINE_MAX_BYTES = 64 * 1024**2
 BUFFER_DIR_SUFFIX = ".buffer"
 _RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
 _STAGING_DIR = ".rb_lightning-staging"
+_PARTIAL_PREFIX = ".rb_lightning-partial-"  # a .ckpt being written, renamed into place
 
 
 # -- beside the .ckpt --------------------------------------------------------------------------
@@ -301,8 +302,7 @@ class _CommitAfterWrite(CheckpointIO):
     ) -> None:
         number = checkpoint.pop(_SAVE_KEY, None)
         try:
-            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
-            _sync_local_file(path)
+            _write_in_place(self.checkpoint_io, checkpoint, path, storage_options)
         except BaseException:
             self.ledger.finish(number, written=False)
             raise
@@ -322,18 +322,39 @@ class _CommitAfterWrite(CheckpointIO):
         self.checkpoint_io.teardown()
 
 
-def _sync_local_file(path: Any) -> None:
-    """``fsync`` a ``.ckpt`` just written and its directory, if it is a local file.
+def _write_in_place(
+    checkpoint_io: CheckpointIO, checkpoint: dict[str, Any], path: Any, storage_options: Any
+) -> None:
+    """Write a local ``.ckpt`` beside its final place, ``fsync`` it, rename it over ``path``.
 
-    Older buffer versions are deleted right after: the new ``.ckpt`` that replaces
-    them must be on disk first, or a machine crash could leave the old ``.ckpt``
-    pointing at a deleted buffer.
+    ``checkpoint_io`` writes to ``<dir>/.rb_lightning-partial-<id>/<name>`` (the same
+    file name, on the same filesystem); one ``os.replace`` then puts it in place and
+    the directory is synced. Lightning's own writer stages in the system temporary
+    directory and moves the file: across filesystems (a tmpfs ``/tmp``) the move is a
+    copy, and a process killed during it leaves a truncated ``.ckpt``. Older buffer
+    versions are deleted after this returns, so the new ``.ckpt`` is on disk first.
+    Remote paths (``s3://...``) are written by ``checkpoint_io`` as they are.
     """
-    local = Path(str(path).removeprefix("file://"))
-    if "://" in str(local) or not local.is_file():
-        return  # a remote filesystem (fsspec URL): its own durability rules
-    sync_path(local)
-    sync_path(local.parent, recursive=False)
+    if "://" in str(path) and not str(path).startswith("file://"):
+        checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        return
+    final = Path(str(path).removeprefix("file://"))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Only this thread writes .ckpt files of the run (AsyncCheckpointIO has one writer),
+    # so a partial directory found now belongs to a save that died.
+    for stale in final.parent.glob(f"{_PARTIAL_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = final.parent / f"{_PARTIAL_PREFIX}{uuid.uuid4().hex}"
+    partial.mkdir()
+    try:
+        checkpoint_io.save_checkpoint(
+            checkpoint, partial / final.name, storage_options=storage_options
+        )
+        sync_path(partial / final.name)
+        os.replace(partial / final.name, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    sync_path(final.parent, recursive=False)
 
 
 class BufferCheckpointIO(CheckpointIO):
