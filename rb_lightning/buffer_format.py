@@ -820,8 +820,14 @@ def _unloadable(
         f"({type(error).__name__}: {error})."
     )
     storage = replay_buffer.storage
-    if isinstance(error, OSError) or "already exists" in str(error):
-        scratch_dir = getattr(storage, "scratch_dir", None)
+    scratch_dir = getattr(storage, "scratch_dir", None)
+    if "already exists" in str(error):
+        return BufferCheckpointError(
+            f"{head} The storage refused to replace files already in its scratch_dir "
+            f"{scratch_dir} (torchrl's existsok=False). Remove them, or give the storage "
+            "another scratch_dir."
+        )
+    if isinstance(error, OSError):
         where = f"its scratch_dir {scratch_dir}" if scratch_dir else "its memory-mapped files"
         return BufferCheckpointError(
             f"{head} The storage could not write the restored items into {where}. Make that "

@@ -161,3 +161,31 @@ def test_verify_is_a_datamodule_argument():
     assert ReplayBufferDataModule(rb, checkpoint_verify="size").checkpoint_verify == "size"
     with pytest.raises(ValueError, match=r"checkpoint_verify='fast'.*'full'.*'size'.*'none'"):
         ReplayBufferDataModule(rb, checkpoint_verify="fast")  # type: ignore[arg-type]
+
+
+def test_could_not_load_names_the_real_cause(tmp_path):
+    rb = ReplayBuffer(storage=LazyTensorStorage(32))
+    rb.extend(_transitions(8))
+    dump_buffer(rb, tmp_path / "dump")
+
+    # Built alike, but already filled with other columns: the column is the cause.
+    other = ReplayBuffer(storage=LazyTensorStorage(32))
+    other.extend(TensorDict({"id": torch.arange(4), "obs": torch.zeros(4, 3)}, batch_size=[4]))
+    with pytest.raises(BufferCheckpointError) as caught:
+        load_buffer(other, tmp_path / "dump")
+    message = str(caught.value)
+    assert "already held items" in message and "columns ['id', 'obs']" in message
+    assert "Build the buffer as in the saved run" not in message
+
+    # A scratch_dir that cannot be written: the directory is the cause.
+    (tmp_path / "a-file").write_text("")
+    disk = ReplayBuffer(storage=LazyMemmapStorage(32, scratch_dir=tmp_path / "a-file" / "rb"))
+    dump_buffer(_memmap_copy(rb), tmp_path / "memmap-dump")
+    with pytest.raises(BufferCheckpointError, match=r"into its scratch_dir .*a-file/rb"):
+        load_buffer(disk, tmp_path / "memmap-dump")
+
+
+def _memmap_copy(rb: ReplayBuffer) -> ReplayBuffer:
+    copy = ReplayBuffer(storage=LazyMemmapStorage(32))
+    copy.extend(rb[:])
+    return copy
