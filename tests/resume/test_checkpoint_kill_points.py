@@ -64,13 +64,13 @@ def _save_in_child(root: Path, kill_at: int) -> int:
 
     Returns how many changes the child's save made (when it was not killed), else -9.
     """
+    rb = _buffer(NEW)  # built here: what torchrl registers at build time is released here
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             os.close(read)
             torch.set_num_threads(1)
-            rb = _buffer(NEW)
             seen = [0]
 
             def hook(event: str, args: tuple) -> None:
