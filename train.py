@@ -1,22 +1,11 @@
 """Command-line entry point: ``python train.py fit --config configs/<run>.yaml``."""
 
 import gc
-import os
-import signal
-import sys
 
+# Light (imports nothing heavy): Ctrl-C during the imports below ends in one line, exit 130.
+from rb_lightning.console import stop_at_once_on_ctrl_c
 
-def _stopped_during_start_up(signum, frame):
-    # At once and in one line: a KeyboardInterrupt raised inside an import can surface as
-    # another library's error, and nothing has started that needs cleaning up.
-    print("stopped by Ctrl-C before training started: nothing to save or resume", file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(130)
-
-
-guard_imports = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not ignored
-if guard_imports:
-    signal.signal(signal.SIGINT, _stopped_during_start_up)
+stop_at_once_on_ctrl_c()
 
 # Importing torch, Lightning and torchrl creates ~600k long-lived objects, and the cyclic
 # garbage collector would walk them all about 8 times on the way (a one-step run's wall
@@ -28,8 +17,6 @@ from rb_lightning.cli import main  # noqa: E402
 
 gc.freeze()
 gc.enable()
-if guard_imports:  # main() guards the rest of the start-up the same way
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if __name__ == "__main__":
     main()

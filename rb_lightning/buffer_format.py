@@ -446,6 +446,12 @@ def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[s
     sizes only, ``"none"`` nothing but a readable manifest of a known format.
     """
     root = Path(path)
+    if root.is_file():
+        raise BufferCheckpointError(
+            f"{root} is a file, and a replay-buffer dump is a directory (written by "
+            "dump_buffer). To read the buffer of a Lightning checkpoint (.ckpt) or a run "
+            "directory, use rb_lightning.checkpoint.load_buffer(rb, path)."
+        )
     if not root.is_dir():
         raise BufferCheckpointError(
             f"The checkpoint refers to a replay-buffer directory that does not exist: {root}. "

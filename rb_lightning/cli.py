@@ -23,8 +23,8 @@ import logging
 import os
 import re
 import shlex
-import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,11 @@ from tensordict.utils import NestedKey
 from rb_lightning import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
+from rb_lightning.console import (
+    INTERRUPT_EXIT_CODE,
+    hand_ctrl_c_to_the_trainer,
+    stop_at_once_on_ctrl_c,
+)
 from rb_lightning.errors import UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
@@ -54,9 +59,6 @@ from rb_lightning.sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
-#: Exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
-INTERRUPT_EXIT_CODE = 130
-STARTUP_INTERRUPT_LINE = "stopped by Ctrl-C before training started: nothing to save or resume"
 _DEBUG_ENV = "RB_LIGHTNING_DEBUG"
 #: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -120,11 +122,9 @@ class ReplayBufferCLI(LightningCLI):
             else:
                 parser_kwargs[key] = value
         kwargs["parser_kwargs"] = parser_kwargs
-        given = kwargs.get("args")
-        # The command line as typed, for the resume hint (None: a dict or Namespace was given).
-        self._argv = list(given) if isinstance(given, list) else None
-        if given is None:
-            self._argv = sys.argv[1:]
+        # The command line as the user typed it (shipped config names unresolved), for the
+        # resume hint; None where a dict or Namespace was given.
+        self._argv: list[str] | None = kwargs.pop("typed_args", None)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -184,16 +184,16 @@ class ReplayBufferCLI(LightningCLI):
 
     # Lightning's Trainer handles Ctrl-C from here on (RunReport and FinalLastCheckpoint).
     def before_fit(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_validate(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_test(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def before_predict(self) -> None:
-        _hand_ctrl_c_to_the_trainer()
+        hand_ctrl_c_to_the_trainer()
 
     def _last_checkpoint(self, trainer: Namespace, root: Path | None) -> RunCheckpoint:
         """``--ckpt_path last``: the checkpoint of the run the user started last.
@@ -253,10 +253,13 @@ class ReplayBufferCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         configured = config["trainer"].get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
-        if config["trainer"].get("enable_checkpointing") is False:
+        if config["trainer"].get("enable_checkpointing") is False or self.subcommand != "fit":
             # `--trainer.enable_checkpointing=false` on a config that lists a ModelCheckpoint
-            # means "no checkpoints for this run", not Lightning's error about the conflict.
+            # means "no checkpoints for this run", not Lightning's error about the conflict;
+            # validate and test write none (theirs would only warn that its dirpath moved).
             configured = [cb for cb in configured if not isinstance(cb, Checkpoint)]
+        if self.subcommand != "fit":  # ...nor restore any callback's state: only the weights
+            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`")
         added: list[Any] = []
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured
@@ -277,23 +280,27 @@ class ReplayBufferCLI(LightningCLI):
             return self._command("fit", "--ckpt_path last")
         kept: list[str] = []
         skip = False
-        for arg in argv:
+        for arg in argv[1:]:
             if skip:
                 skip = False
             elif arg == "--ckpt_path":
                 skip = True
             elif not arg.startswith("--ckpt_path="):
                 kept.append(arg)
-        return " ".join(["python", "train.py", *map(shlex.quote, kept), "--ckpt_path", "last"])
+        return " ".join([_program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
-        by_console_script = Path(sys.argv[0]).name == "rb-lightning"
-        parts = ["rb-lightning" if by_console_script else "python train.py", subcommand]
+        parts = [_program(), subcommand]
         for path in configs or []:
             typed = str(getattr(path, "relative", path))  # as the user typed it
             parts += ["--config", shipped_configs.name_of(typed) or typed]
         return " ".join([*parts[:2], *map(shlex.quote, parts[2:]), *extra])
+
+
+def _program() -> str:
+    """How the user started this process: the console script or ``python train.py``."""
+    return "rb-lightning" if Path(sys.argv[0]).name == "rb-lightning" else "python train.py"
 
 
 class FitConfigSaver(SaveConfigCallback):
@@ -422,9 +429,10 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         2
     """
     _skip_unloadable_nvml()
-    _quiet_lightning_interrupt_line()
-    _stop_at_once_on_ctrl_c()
+    _quiet_run_log()
+    stop_at_once_on_ctrl_c()
     try:
+        typed = list(sys.argv[1:] if args is None else args)
         # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
         # itself when that is what is parsed (DDP starts the other ranks with sys.argv).
         if args is None:
@@ -440,6 +448,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             # A fresh fit gets a new run directory; a resumed one rewrites its own config.
             save_config_callback=FitConfigSaver,
             save_config_kwargs={"overwrite": True},
+            typed_args=typed,
         )
     except (ConfigError, SourceError, UsageError, BufferCheckpointError) as err:
         if os.environ.get(_DEBUG_ENV):
@@ -459,40 +468,45 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
         raise
 
 
-def _stop_at_once_on_ctrl_c() -> None:
-    """Until a subcommand starts, Ctrl-C ends the process at once, in one line, with 130.
-
-    Parsing and building the config's objects start nothing that needs stopping,
-    and a ``KeyboardInterrupt`` raised inside an import can surface as another
-    library's error. ``Trainer.fit`` and the others handle Ctrl-C themselves
-    (:meth:`ReplayBufferCLI.before_fit`).
-    """
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored, not the user's
-        signal.signal(signal.SIGINT, _exit_on_ctrl_c)
-
-
-def _exit_on_ctrl_c(signum: int, frame: Any) -> None:
-    print(STARTUP_INTERRUPT_LINE, file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(INTERRUPT_EXIT_CODE)
-
-
-def _hand_ctrl_c_to_the_trainer() -> None:
-    if signal.getsignal(signal.SIGINT) is _exit_on_ctrl_c:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+#: Lines Lightning logs that the run's own output says better, or that say nothing here.
+_SAID_BETTER = (
+    "Detected KeyboardInterrupt",  # RunReport's summary says it, with the resume command
+    "Restoring states from the checkpoint path",  # "fit: resuming <run> from step <S>"
+    "Restored all states from the checkpoint",
+    "Loaded model weights from the checkpoint",  # "test: the model of <ckpt> (step <S>)"
+    "`Trainer.fit` stopped:",  # RunReport: "fit stopped at step S ...: max_steps=S reached"
+    "TPU available:",
+    "HPU available:",
+    "\N{ELECTRIC LIGHT BULB} Tip:",  # an advertisement for a hosted logger
+)
+#: Warnings that third-party code raises on every run and a user can do nothing about.
+_NOT_FOR_THE_USER = (
+    # Lightning's own use of torch's pytree API (Lightning 2.6 with torch 2.14).
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Lightning's check on sized IterableDatasets: ours split work across workers and ranks.
+    r"Your `IterableDataset` has `__len__` defined",
+)
 
 
-class _DropLightningInterruptLine(logging.Filter):
+class _DropSaidBetter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Detected KeyboardInterrupt" not in record.getMessage()
+        return not record.getMessage().lstrip().startswith(_SAID_BETTER)
 
 
-def _quiet_lightning_interrupt_line() -> None:
-    """Leave Ctrl-C's report to :class:`RunReport`: Lightning's own line says less, earlier."""
+def _quiet_run_log() -> None:
+    """Keep a run's output to the lines a user needs (the allow-list test holds it there).
+
+    Lightning's lines that our own say better are dropped, its and torch's
+    warnings about their own internals are ignored, and torchrl's INFO lines
+    (storage initialised, spec checks) are raised to warnings only.
+    """
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningInterruptLine) for f in logger.filters):
-            logger.addFilter(_DropLightningInterruptLine())
+        if not any(isinstance(f, _DropSaidBetter) for f in logger.filters):
+            logger.addFilter(_DropSaidBetter())
+    for message in _NOT_FOR_THE_USER:
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 
 def _skip_unloadable_nvml() -> None:

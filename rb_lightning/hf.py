@@ -42,8 +42,8 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +57,6 @@ from tensordict import NonTensorStack, TensorDict
 from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 
-from rb_lightning import torchrl_compat
 from rb_lightning.columns import (
     KEY_SEPARATOR,
     check_unique_names,
@@ -70,7 +69,7 @@ from rb_lightning.columns import columns as batch_columns
 from rb_lightning.errors import UsageError
 from rb_lightning.mixture import is_mixture
 from rb_lightning.sharding import Shard, current_shard, is_remote
-from rb_lightning.stream import BufferStream
+from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
 from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,6 +93,9 @@ PER_RANK: Final = "per_rank"
 RANKS = (IDENTICAL, PER_RANK)
 #: Items read from storage to infer the features of a stream.
 _PROBE_SIZE = 16
+#: torchrl's bookkeeping, stored or sampled with the items (``TensorDictReplayBuffer``
+#: writes ``index`` into every item): left out of an export unless ``keys`` names them.
+BOOKKEEPING_KEYS: tuple[str, ...] = SAMPLER_INFO_KEYS
 _UNSET: Any = object()
 
 _TORCH_TO_HF = {
@@ -211,7 +213,8 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     Read from the first stored items (the sampler is not used). Tensor
     storages have fixed shapes, so ``[B, L]`` tensors become ``List(...,
     length=L)``; list storages may hold ragged items, so their lists have no
-    fixed length. Strings become ``Value("string")``.
+    fixed length. Strings become ``Value("string")``. Without ``keys``: every
+    stored key but torchrl's bookkeeping (:data:`BOOKKEEPING_KEYS`).
 
     Examples:
         >>> import torch
@@ -228,7 +231,10 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     if size == 0:
         raise _empty_buffer_error()
     probe = _read(replay_buffer, 0, min(size, _PROBE_SIZE))
-    selected = leaf_keys(probe) if keys is None else list(keys)
+    if keys is None:
+        selected = [k for k in leaf_keys(probe) if k not in BOOKKEEPING_KEYS]
+    else:
+        selected = list(keys)
     check_unique_names(selected)
     members = replay_buffer.members.values() if is_mixture(replay_buffer) else [replay_buffer]
     fixed = all(isinstance(rb.storage, TensorStorage) for rb in members)
@@ -576,7 +582,7 @@ class SupportsHFExport(Protocol):
 
 
 def to_hf_dataset(
-    source: ReplayBuffer | BufferStream | SupportsHFExport,
+    source: ReplayBuffer | BufferStream | SupportsHFExport | str | os.PathLike[str],
     *,
     streaming: bool = True,
     keys: list[NestedKey] | None = None,
@@ -591,18 +597,23 @@ def to_hf_dataset(
 
     Args:
         source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
-            or an object with ``as_hf_dataset`` (the datasets of
+            an object with ``as_hf_dataset`` (the datasets of
             :mod:`rb_lightning.dataset`, :class:`~rb_lightning.ReplayBufferDataModule`),
             to which the call is handed: its buffer, ``batch_size``, ``keys``,
             ``num_batches`` (and ``min_size``) are the defaults of the
-            arguments below.
+            arguments below; or the path of a saved buffer: a Lightning run's
+            directory or ``.ckpt``, a dump (read by
+            :func:`rb_lightning.saved.open_saved_buffer`; all members or ranks
+            of a mixture or DDP checkpoint, with a ``"source"`` column).
 
     Keyword Args:
         streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
             buffer (items written later are seen). ``False``: a
             ``datasets.Dataset`` snapshot of the current content, in storage
             order, each item once.
-        keys: Buffer keys to export (nested keys as tuples); default: all.
+        keys: Buffer keys to export (nested keys as tuples); default: all but
+            torchrl's bookkeeping (``index``, ``priority_weight``:
+            :data:`BOOKKEEPING_KEYS`), which a trainer does not read.
         num_batches: Streaming only: sampling calls per pass. ``None`` is an
             unbounded stream: the trainer must stop it with ``max_steps``.
             Default: the source's (``None`` for a bare ``ReplayBuffer``).
@@ -664,6 +675,10 @@ def to_hf_dataset(
         True
     """
     _require_hf()
+    if isinstance(source, (str, os.PathLike)):
+        from rb_lightning.saved import open_saved_buffer
+
+        source = open_saved_buffer(source).replay_buffer
     if not isinstance(source, (ReplayBuffer, BufferStream)):
         as_hf_dataset = getattr(source, "as_hf_dataset", None)
         if not callable(as_hf_dataset):
@@ -786,96 +801,12 @@ def from_hf_dataset(
     return replay_buffer
 
 
-# -- console script ------------------------------------------------------------------------------
-def _load_buffer(path: str) -> ReplayBuffer:
-    """A buffer from ``rb.dumps(path)`` (tensor storages) or ``torch.save(rb_or_td, path)``."""
-    from pathlib import Path
-
-    location = Path(path)
-    if location.is_dir():
-        content = torchrl_compat.read_dumps_items(location)
-    elif location.is_file():
-        content = torch.load(location, weights_only=False)  # a trusted, local file
-    else:
-        raise FileNotFoundError(f"No replay buffer at {path}.")
-    if isinstance(content, ReplayBuffer):
-        return content
-    if not isinstance(content, TensorDict):
-        raise TypeError(
-            f"{path} holds a {type(content).__name__}; expected a ReplayBuffer or a TensorDict "
-            "of items (torch.save(rb, path)) or a directory from rb.dumps(path)."
-        )
-    rb = ReplayBuffer(storage=LazyTensorStorage(max(1, len(content))))
-    if len(content):
-        rb.extend(content)
-    return rb
-
-
-def export_main(argv: Sequence[str] | None = None) -> int:
-    """``rb-lightning-export-hf BUFFER OUT``: save a buffer as a ``datasets`` snapshot on disk.
-
-    ``BUFFER`` is a directory written by ``rb.dumps(path)`` or a file written
-    by ``torch.save(rb, path)`` (or of a ``TensorDict`` of items). ``OUT`` is
-    then loadable with ``datasets.load_from_disk(OUT)`` in a TRL script.
-    """
-    parser = argparse.ArgumentParser(
-        prog="rb-lightning-export-hf",
-        description="Export a saved torchrl replay buffer to a Hugging Face dataset on disk "
-        "(datasets.load_from_disk).",
-    )
-    parser.add_argument("buffer", help="directory from rb.dumps(), or a torch.save()d buffer")
-    parser.add_argument("output", help="directory to write with Dataset.save_to_disk")
-    parser.add_argument(
-        "--keys", nargs="+", help="keys to export; nested keys as 'a.b' (default: all)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        rb = _load_buffer(args.buffer)
-    except (OSError, TypeError) as err:
-        return _usage_error(
-            parser,
-            f"BUFFER {args.buffer!r}: {err} Pass a directory written by rb.dumps(path) or a "
-            "file written by torch.save(rb, path).",
-        )
-    keys = None if args.keys is None else [_key_of(k) for k in args.keys]
-    if keys is not None and len(rb):
-        stored = leaf_keys(rb[:1])
-        missing = [k for k in keys if k not in stored and not _is_prefix(k, stored)]
-        if missing:
-            shown = ", ".join(".".join(k) if isinstance(k, tuple) else k for k in stored)
-            return _usage_error(
-                parser,
-                f"--keys: {', '.join(args.keys[keys.index(k)] for k in missing)} not in the "
-                f"buffer, whose items have: {shown}. Nested keys are written 'a.b'.",
-            )
-    dataset = to_hf_dataset(rb, streaming=False, keys=keys)
-    dataset.save_to_disk(args.output)
-    print(f"Saved {len(dataset)} items, columns {dataset.column_names}, to {args.output}")
-    return 0
-
-
-def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
-    # One paragraph and exit code 2, like argparse's own errors, without the usage block.
-    print(f"{parser.prog}: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _is_prefix(key: NestedKey, stored: list[NestedKey]) -> bool:
-    """``key`` names a sub-TensorDict of the items (``"next"`` for ``("next", "reward")``)."""
-    parts = (key,) if isinstance(key, str) else tuple(key)
-    return any(isinstance(s, tuple) and s[: len(parts)] == parts for s in stored)
-
-
 __all__ = [
     "IDENTICAL",
     "PER_RANK",
+    "BOOKKEEPING_KEYS",
     "SupportsHFExport",
-    "export_main",
     "from_hf_dataset",
     "infer_features",
     "to_hf_dataset",
 ]
-
-
-if __name__ == "__main__":  # python -m rb_lightning.hf BUFFER OUT
-    raise SystemExit(export_main())

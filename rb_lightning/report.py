@@ -10,7 +10,7 @@ logged metrics into ``curves.png`` in the run directory (needs matplotlib, the
 
     fit stopped at step 9,800 after 24.7 s: goal reached, episode_return 500.00 >= 475.0
       episode_return 500 | frames 20,464 | loss 0.03278
-      checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt
+      checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt (step 9,800)
       metrics     runs/cartpole_dqn/version_0/metrics.csv
       curves      runs/cartpole_dqn/version_0/curves.png
 """
@@ -28,8 +28,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
-from rb_lightning.curves import draw_curves
+from rb_lightning.curves import draw_curves, read_metrics
 from rb_lightning.runs import read_run_checkpoint
 
 __all__ = ["RunReport"]
@@ -95,6 +96,8 @@ class RunReport(Callback):
             print(f"fit stopped by Ctrl-C before its first step: nothing to resume{where}", flush=True)
             return
         metrics_file = _metrics_file(trainer)
+        if metrics_file is not None and self.curves:
+            _warn_never_logged(self.curves, trainer, metrics_file)
         curve_note = None
         if self.draw and metrics_file is not None:
             try:
@@ -123,6 +126,30 @@ class RunReport(Callback):
         if interrupted and self.resume_hint and checkpoint:
             lines.append(f"  resume      {self.resume_hint}")
         print("\n".join(lines), flush=True)
+
+
+def _warn_never_logged(curves: list[str], trainer: Trainer, metrics_file: Path) -> None:
+    """Warn about requested curves that the run never logged (a panel and a number short).
+
+    Logged: in ``metrics.csv`` or passed to ``self.log``. A run shorter than
+    ``log_every_n_steps``, or than a validation interval given in steps, may not
+    have logged everything yet: no warning then.
+    """
+    every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+    val_every = trainer.val_check_interval
+    if isinstance(val_every, int) and trainer.limit_val_batches != 0:
+        every = max(every, val_every)
+    if trainer.global_step < every:
+        return
+    logged = {*read_metrics(metrics_file), *trainer.callback_metrics}
+    missing = [name for name in curves if name not in logged]
+    if missing:
+        rank_zero_warn(
+            f"RunReport(curves=...) asks for {missing}, which this run never logged, so "
+            f"curves.png has no panel for {'it' if len(missing) == 1 else 'them'}. The run "
+            f"logged: {sorted(logged)}. Name those in curves (in a config: the RunReport "
+            "callback's init_args.curves)."
+        )
 
 
 def _stop_reason(trainer: Trainer) -> str:

@@ -4,8 +4,9 @@ The shipped configs log with :class:`RunLogger` under ``runs/<config>/``, so
 every ``fit`` gets ``runs/<config>/version_<N>/`` holding ``config.yaml``,
 ``metrics.csv``, ``curves.png`` and ``checkpoints/last.ckpt``. A second
 ``fit`` of the same config starts ``version_<N+1>``: nothing is overwritten.
-``--ckpt_path last`` resumes the run whose ``last.ckpt`` was written most
-recently, in its own directory (:func:`latest_checkpoint`).
+``--ckpt_path last`` continues the run started last (:func:`run_directories`)
+in its own directory, when its checkpoint (:func:`read_run_checkpoint`) says it
+can go on.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ class RunLogger(CSVLogger):
     TensorBoard's ``SummaryWriter(purge_step=...)`` does. The command line sets
     ``purge_step`` to the step of the checkpoint it resumes.
 
+    The other arguments are ``lightning.pytorch.loggers.CSVLogger``'s (``save_dir``,
+    ``name``, ``version``, ...).
+
     Args:
         purge_step: Drop the kept rows whose ``step`` is at least this one
             (``None``: keep them all).
-        Others: as ``lightning.pytorch.loggers.CSVLogger`` (``save_dir``, ``name``,
-            ``version``, ...).
 
     Examples:
         >>> import tempfile
@@ -135,6 +137,8 @@ class FinalLastCheckpoint(ModelCheckpoint):
     The checkpoint records whether the run had finished (:func:`read_run_checkpoint`),
     so that ``--ckpt_path last`` does not write into a finished run unasked.
 
+    The other arguments are ``ModelCheckpoint``'s; ``save_last`` defaults to ``True``.
+
     Args:
         save_on_interrupt: Write ``last.ckpt`` when Ctrl-C stops the run (see
             above). Only on a single process, in the main thread, and where
@@ -144,7 +148,6 @@ class FinalLastCheckpoint(ModelCheckpoint):
             the run's one resume point and is rewritten, never joined by
             ``last-v1.ckpt`` (which a resume whose checkpoint schedule changed
             would otherwise start).
-        Others: as ``ModelCheckpoint``; ``save_last`` defaults to ``True``.
 
     Examples:
         >>> FinalLastCheckpoint(every_n_train_steps=1000).save_last
@@ -191,7 +194,9 @@ class FinalLastCheckpoint(ModelCheckpoint):
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         # Raised here, not where the checkpoint was written: what Lightning does after
         # a step (its logged row, a validation) happens as after a scheduled checkpoint.
-        self._interrupt.raise_if_requested()
+        # A Ctrl-C that came after the last step's checkpoint point waits for this step's.
+        if self._written is not None and self._written[0] == trainer.global_step:
+            self._interrupt.raise_if_requested()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any

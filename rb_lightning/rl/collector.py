@@ -215,7 +215,9 @@ class OnlineCollector(Callback):
         else:
             env = self.env
         if EPISODE_RETURN_KEY not in env.observation_spec.keys():
-            env = TransformedEnv(env, RewardSum())
+            # A gymnasium id's env is already transformed: one flat chain, as torchrl's
+            # default, said explicitly so that torchrl has nothing to warn about.
+            env = TransformedEnv(env, RewardSum(), auto_unwrap=True)
         return env
 
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:

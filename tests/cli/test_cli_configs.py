@@ -116,7 +116,22 @@ def test_train_py_runs_offline_config_end_to_end(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stdout + result.stderr
+    assert "fit stopped at step 2 after" in result.stdout and "max_steps=2 reached" in result.stdout
     run = tmp_path / "offline_from_disk" / "version_0"
     assert (run / "config.yaml").exists(), "LightningCLI saved the run's config"
     assert (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_offline_config_without_its_buffer_names_the_command_that_makes_it(
+    tmp_path, capsys, monkeypatch
+):
+    # train.py's own entry point, in this process (a subprocess would add ~10 s of imports).
+    from rb_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no runs/offline_buffer here
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", OFFLINE, "--trainer.max_steps=3"])
+    assert stop.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "data.init_args.source" in message and "no such directory" in message
+    assert "`python -m rb_lightning.llm.make_offline_buffer runs/offline_buffer`" in message

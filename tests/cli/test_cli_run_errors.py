@@ -85,9 +85,9 @@ def test_ray_config_without_a_cluster(tmp_path, capsys):
 
 
 def _export(args: list[str]) -> subprocess.CompletedProcess:
-    # The console script runs rb_lightning.hf:export_main, as `python -m rb_lightning.hf` does.
+    # The console script runs rb_lightning.export_hf:main, as `python -m rb_lightning.export_hf` does.
     return subprocess.run(
-        [sys.executable, "-m", "rb_lightning.hf", *args],
+        [sys.executable, "-m", "rb_lightning.export_hf", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -100,7 +100,8 @@ def test_export_hf_buffer_path_that_does_not_exist(tmp_path):
     result = _export([str(tmp_path / "nope"), str(tmp_path / "out")])
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "BUFFER" in result.stderr and "rb.dumps(path)" in result.stderr
+    assert "BUFFER" in result.stderr and "no such file or directory" in result.stderr
+    assert "runs/<config>/version_<N>" in result.stderr and "dump_buffer" in result.stderr
 
 
 def test_export_hf_unknown_key(tmp_path):

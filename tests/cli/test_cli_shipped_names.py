@@ -47,7 +47,7 @@ def test_a_shipped_config_runs_by_name_from_any_folder_and_resumes_by_name(tmp_p
     test = _rb_lightning("test", "--config", "cartpole_dqn.yaml", "--ckpt_path", "last", *quiet,
                          cwd=tmp_path)  # fmt: skip
     assert test.returncode == 0, test.stdout[-2000:] + test.stderr[-3000:]
-    assert "Restoring states from the checkpoint path at runs/cartpole_dqn/version_0" in (
+    assert "test: the model of runs/cartpole_dqn/version_0/checkpoints/last.ckpt (step 20)" in (
         test.stdout + test.stderr
     )
     assert "test_return" in test.stdout

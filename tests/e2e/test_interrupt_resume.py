@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from console_scripts import command as console_command
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN_JOB = str(REPO / "configs" / "cartpole_dqn.yaml")
@@ -102,9 +103,20 @@ def _assert_one_history(rows: list[dict[str, str]]) -> None:
     assert steps == sorted(steps)
 
 
-def test_ctrl_c_during_start_up_prints_one_line_and_exits_130(tmp_path):
+@pytest.mark.parametrize("program", ["train.py", "rb-lightning"])
+def test_ctrl_c_during_start_up_prints_one_line_and_exits_130(tmp_path, program):
     log = tmp_path / "out.log"
-    run = _start(["fit", "--config", MAIN_JOB], tmp_path, log)
+    if program == "train.py":
+        run = _start(["fit", "--config", MAIN_JOB], tmp_path, log)
+    else:
+        run = subprocess.Popen(
+            [*console_command("rb-lightning"), "fit", "--config", "cartpole_dqn"],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     time.sleep(0.5)  # importing torch and Lightning
     run.send_signal(signal.SIGINT)
     out = _wait(run, log)
@@ -211,31 +223,53 @@ def test_ckpt_path_last_never_writes_into_an_older_finished_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_extending_a_finished_llm_run_logs_what_the_straight_run_logs(tmp_path):
+def test_extending_or_interrupting_an_llm_run_logs_what_the_straight_run_logs(tmp_path):
     pytest.importorskip("transformers")
     cadence = [
         "--trainer.log_every_n_steps=10",
         "--trainer.val_check_interval=50",
         *QUIET,
     ]
+    runs = tmp_path / "runs" / "llm_sft"
     straight = _train(["fit", "--config", LLM_SFT, "--trainer.max_steps=100", *cadence], tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
+    reference = _rows(runs / "version_0" / "metrics.csv")
+
+    # version_1: ended at max_steps=50, then extended to 100.
     first = _train(["fit", "--config", LLM_SFT, "--trainer.max_steps=50", *cadence], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    # 'last' is the run started last (version_1), which ended at max_steps=50.
-    extended = _train(
-        ["fit", "--config", LLM_SFT, "--trainer.max_steps=100", "--ckpt_path", "last", *cadence],
-        tmp_path,
-    )
+    to_100 = ["fit", "--config", LLM_SFT, "--trainer.max_steps=100", "--ckpt_path", "last", *cadence]
+    extended = _train(to_100, tmp_path)
     assert extended.returncode == 0, extended.stderr[-3000:]
     assert (
         f"fit: extending the finished run {Path('runs/llm_sft/version_1')} from step 50 to "
         "max_steps=100" in extended.stdout
     )
-    a = _rows(tmp_path / "runs" / "llm_sft" / "version_0" / "metrics.csv")
-    b = _rows(tmp_path / "runs" / "llm_sft" / "version_1" / "metrics.csv")
-    assert _shape(a) == _shape(b)  # the same rows at the same steps and epochs
-    for row_a, row_b in zip(a, b, strict=True):
+    _assert_same_log(reference, _rows(runs / "version_1" / "metrics.csv"))
+
+    # version_2: Ctrl-C at whatever step it has reached, then resumed to 100.
+    log = tmp_path / "interrupted.log"
+    flush_often = ["--trainer.logger.init_args.flush_logs_every_n_steps=10"]
+    interrupted = _start(
+        ["fit", "--config", LLM_SFT, "--trainer.max_steps=100", *cadence, *flush_often],
+        tmp_path,
+        log,
+    )
+    _wait_for(lambda: (runs / "version_2" / "metrics.csv").is_file(), interrupted)
+    interrupted.send_signal(signal.SIGINT)
+    out = _wait(interrupted, log)
+    assert interrupted.returncode == 130, out
+    step = _step(runs / "version_2" / "checkpoints" / "last.ckpt")
+    assert 0 < step < 100, out
+    resumed = _train(to_100, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"fit: resuming {Path('runs/llm_sft/version_2')} from step {step}" in resumed.stdout
+    _assert_same_log(reference, _rows(runs / "version_2" / "metrics.csv"))
+
+
+def _assert_same_log(reference: list[dict[str, str]], rows: list[dict[str, str]]) -> None:
+    assert _shape(rows) == _shape(reference)  # the same rows at the same steps and epochs
+    for row_a, row_b in zip(reference, rows, strict=True):
         for key, value in row_a.items():
             if value and key not in ("epoch", "step"):
                 assert float(row_b[key]) == pytest.approx(float(value), abs=1e-6), (key, row_a)

@@ -109,3 +109,19 @@ def test_resuming_with_another_world_size_is_a_clear_error(runs, tmp_path):
     trainer = quiet_trainer(max_steps=8, default_root_dir=tmp_path)
     with pytest.raises(BufferCheckpointError, match=r"(?s)2 process.*world_size=1"):
         trainer.fit(Collector(), datamodule=datamodule, ckpt_path=runs["ckpt"])
+
+
+def test_export_reads_one_rank_or_all_with_the_rank_as_source(runs, tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    from rb_lightning.export_hf import main
+
+    finals = [runs["resumed"][rank]["final_ids"] for rank in (0, 1)]
+    assert main([str(runs["ckpt"]), str(tmp_path / "all")]) == 0
+    assert "one buffer per DDP rank (2 ranks)" in capsys.readouterr().out
+    exported = datasets.load_from_disk(str(tmp_path / "all"))
+    assert list(exported["id"]) == finals[0] + finals[1]
+    assert list(exported["source"]) == [0] * len(finals[0]) + [1] * len(finals[1])
+    assert main([str(runs["ckpt"]), str(tmp_path / "one"), "--rank", "1"]) == 0
+    assert list(datasets.load_from_disk(str(tmp_path / "one"))["id"]) == finals[1]
+    assert main([str(runs["ckpt"]), str(tmp_path / "bad"), "--rank", "2"]) == 2
+    assert "ranks 0 to 1, not rank 2" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.saved import open_saved_buffer
 
 ray = pytest.importorskip("ray")
 from rb_lightning.ray import named_actor_config  # noqa: E402
@@ -118,6 +119,10 @@ def test_ray_buffer_is_restored_to_its_saved_length_and_priorities(cluster, tmp_
         checkpoint = tmp_path / "ckpt" / "epoch=0-step=4.ckpt"
         versions = list((tmp_path / "ckpt" / "epoch=0-step=4.ckpt.buffer").iterdir())
         assert len(versions) == 1 and (versions[0] / "sampler" / "sumtree.memmap").exists()
+        # What the actor saved reads back without Ray, e.g. for rb-lightning-export-hf.
+        exported = open_saved_buffer(checkpoint)
+        assert "a Ray buffer's content, saved beside it by its actor" in exported.kind
+        assert exported.replay_buffer[:]["id"].tolist() == saved["ids"]
 
         # The same actor, changed since the checkpoint: the resume puts the saved one back.
         owner.extend(_items(torch.arange(30) + 5_000))

@@ -1,0 +1,65 @@
+"""Start-up of ``rb-lightning`` and ``python train.py``: Ctrl-C before training ends in one line.
+
+Importing torch, Lightning and torchrl takes seconds, and parsing a config and
+building its objects starts nothing that needs stopping. Until a subcommand
+starts (:func:`hand_ctrl_c_to_the_trainer`), Ctrl-C ends the process at once
+with one line and the shell's code for it, 130 (a ``KeyboardInterrupt`` raised
+inside an import can surface as another library's error). This module imports
+nothing heavy, so it can guard the imports themselves.
+
+Examples:
+    >>> import signal
+    >>> previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    >>> stop_at_once_on_ctrl_c(); signal.getsignal(signal.SIGINT) is exit_on_ctrl_c
+    True
+    >>> hand_ctrl_c_to_the_trainer(); signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    True
+    >>> _ = signal.signal(signal.SIGINT, previous)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = [
+    "INTERRUPT_EXIT_CODE",
+    "STARTUP_INTERRUPT_LINE",
+    "exit_on_ctrl_c",
+    "hand_ctrl_c_to_the_trainer",
+    "main",
+    "stop_at_once_on_ctrl_c",
+]
+
+#: Exit code of a run stopped by Ctrl-C (the shell's 128 + SIGINT).
+INTERRUPT_EXIT_CODE = 130
+STARTUP_INTERRUPT_LINE = "stopped by Ctrl-C before training started: nothing to save or resume"
+
+
+def exit_on_ctrl_c(signum: int, frame: Any) -> None:
+    """The start-up's SIGINT handler: one line on stderr, exit 130, nothing else run."""
+    print(STARTUP_INTERRUPT_LINE, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(INTERRUPT_EXIT_CODE)
+
+
+def stop_at_once_on_ctrl_c() -> None:
+    """Install :func:`exit_on_ctrl_c`, unless Ctrl-C is ignored or has a handler of the user's."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, exit_on_ctrl_c)
+
+
+def hand_ctrl_c_to_the_trainer() -> None:
+    """Give Ctrl-C back to Python's ``KeyboardInterrupt``: the Trainer handles it from here."""
+    if signal.getsignal(signal.SIGINT) is exit_on_ctrl_c:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def main() -> None:
+    """``rb-lightning`` console script: the start-up guarded, then :func:`rb_lightning.cli.console_main`."""
+    stop_at_once_on_ctrl_c()
+    from rb_lightning.cli import console_main
+
+    console_main()
