@@ -577,7 +577,7 @@ def restore_mixture_state(
         for name, member in mixture.members.items():
             root = roots[name]
             if root is not None:
-                pending += load_buffer(member, root, verify="none")  # verified above
+                pending += buffer_format.load_buffer(member, root, verify="none")  # verified
     if state.get("generator") is not None:
         generator = ensure_generator(mixture)
         if generator is None:
@@ -771,7 +771,9 @@ def restore_buffer_state(
     before the buffer is touched (see :func:`~rb_lightning.buffer_format.read_manifest`).
     """
     with _dump_directory(state, checkpoint_path, rank=rank, world_size=world_size) as root:
-        return [] if root is None else load_buffer(replay_buffer, root, verify=verify)
+        if root is None:
+            return []
+        return buffer_format.load_buffer(replay_buffer, root, verify=verify)
 
 
 @contextlib.contextmanager
@@ -955,6 +957,7 @@ def load_buffer(
     *,
     member: str | None = None,
     rank: int | None = None,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
     """Restore ``replay_buffer`` from a dump, a Lightning checkpoint or a run directory.
 
@@ -970,6 +973,8 @@ def load_buffer(
         member: The member to read from a checkpoint of a :class:`BufferMixture`
             (pass the whole mixture as ``replay_buffer`` to restore every member).
         rank: The rank whose buffer to read from a checkpoint of a DDP run.
+        verify: What is checked before the buffer is touched
+            (see :func:`~rb_lightning.buffer_format.read_manifest`).
 
     Returns:
         The batches the run had read ahead of the saved step (for an exact resume).
@@ -990,7 +995,7 @@ def load_buffer(
     location = Path(path)
     checkpoint = checkpoint_path_of(location)
     if checkpoint is None or (location.is_dir() and (location / MANIFEST).is_file()):
-        return buffer_format.load_buffer(replay_buffer, location)
+        return buffer_format.load_buffer(replay_buffer, location, verify=verify)
     state = checkpoint_buffer_state(read_torch_file(checkpoint))
     if state is None:
         raise BufferCheckpointError(
@@ -998,10 +1003,10 @@ def load_buffer(
             "is a ReplayBufferDataModule."
         )
     if state.get("location") == "mixture" and isinstance(replay_buffer, BufferMixture):
-        return restore_mixture_state(replay_buffer, state, checkpoint)
+        return restore_mixture_state(replay_buffer, state, checkpoint, verify=verify)
     with checkpoint_dumps(state, checkpoint) as dumps:
         name = _pick_dump(dumps, state, checkpoint, member=member, rank=rank)
-        return buffer_format.load_buffer(replay_buffer, dumps[name])
+        return buffer_format.load_buffer(replay_buffer, dumps[name], verify=verify)
 
 
 def _pick_dump(
