@@ -22,16 +22,29 @@ rows of a buffer that has not wrapped, bare torchrl ``dumps`` the capacity.
 
 Each number is the median of ``--repeats`` runs, bare and ours alternating; the
 ratio is ours / bare.
+
+``--verification`` measures instead what the per-file checksums cost, for full
+buffers of ``--verify-mb`` megabytes (transitions with float32[64] observation and
+next observation; full, so written whole through torchrl's checkpointer, and half
+full, written as filled rows by rb_lightning): the dump with and without checksums
+(``dump_buffer(checksums=...)``, no ``fsync``), the whole save as a checkpoint makes
+it (``write_version``: dump, ``fsync``, rename), and the load into a fresh buffer
+with ``verify="full"``, ``"size"`` and ``"none"``: into a buffer already allocated
+(the copy alone), and into a new buffer, as a resume does. ``verify alone`` is
+``read_manifest(verify="full")`` by itself. Page cache warm (the files were just
+written).
 Run from the repository root::
 
     python benchmarks/checkpoint.py                              # about 1-2 minutes
     python benchmarks/checkpoint.py --rl-items 100000 --token-items 10000   # quick
+    python benchmarks/checkpoint.py --verification --verify-mb 100,1000   # about 3 minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -43,7 +56,15 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import BufferCheckpointIO, buffer_state, restore_buffer_state
+from rb_lightning.checkpoint import (
+    BufferCheckpointIO,
+    buffer_state,
+    dump_buffer,
+    load_buffer,
+    read_manifest,
+    restore_buffer_state,
+    write_version,
+)
 
 torch.set_num_threads(1)
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -71,13 +92,20 @@ def token_items(n: int, seq_len: int) -> TensorDict:
 def paired_medians(
     bare: Callable[[], None], ours: Callable[[], None], repeats: int, reset: Callable[[], None]
 ) -> tuple[float, float]:
-    """Median seconds of ``bare`` and ``ours``, run alternately so drift hits both alike."""
+    """Median seconds of ``bare`` and ``ours``, run alternately so drift hits both alike.
+
+    The order flips every repeat (the first of a pair can pay for the pages the other
+    left behind), and dirty pages are flushed (``os.sync``) before each run, so a run
+    does not pay for the writeback of the one before.
+    """
     times: dict[int, list[float]] = {0: [], 1: []}
-    for _ in range(repeats):
-        for which, fn in enumerate((bare, ours)):
+    for repeat in range(repeats):
+        order = (0, 1) if repeat % 2 == 0 else (1, 0)
+        for which in order:
             reset()
+            os.sync()
             start = time.perf_counter()
-            fn()
+            (bare, ours)[which]()
             times[which].append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
 
@@ -147,6 +175,118 @@ def measure(
     return result
 
 
+def wide_items(n: int) -> TensorDict:
+    """Transitions of ~530 bytes: float32[64] observation and next observation."""
+    return TensorDict(
+        {
+            "id": torch.arange(n),
+            "obs": torch.randn(n, 64),
+            "action": torch.randint(0, 4, (n,)),
+            "next": {
+                "obs": torch.randn(n, 64),
+                "reward": torch.randn(n, 1),
+                "done": torch.zeros(n, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[n],
+    )
+
+
+def measure_verification(megabytes: int, fill: float, repeats: int, root: Path) -> dict[str, float]:
+    """Save and load seconds with and without checksums for a buffer of ``megabytes`` MB."""
+    per_item = wide_items(1).bytes()
+    capacity = int(megabytes * 1e6 / per_item)
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), generator=torch.Generator())
+    rb.extend(wide_items(int(capacity * fill)))
+    result: dict[str, float] = {"MB": rb[:].bytes() / 1e6}
+    dumps = root / f"dumps-{megabytes}"
+
+    def clear() -> None:
+        shutil.rmtree(dumps, ignore_errors=True)
+        dumps.mkdir()
+
+    def dump(checksums: bool) -> Callable[[], None]:
+        return lambda: dump_buffer(rb, dumps / "dump", checksums=checksums) and None
+
+    without, with_ = paired_medians(dump(False), dump(True), repeats, clear)
+    result.update({"dump": without, "dump+xxh3": with_})
+    saved = paired_medians(
+        lambda: write_version(dumps, lambda path: dump_buffer(rb, path, checksums=False)) and None,
+        lambda: write_version(dumps, lambda path: dump_buffer(rb, path)) and None,
+        repeats,
+        clear,
+    )
+    result.update({"save": saved[0], "save+xxh3": saved[1]})
+
+    clear()
+    version, _ = write_version(dumps, lambda path: dump_buffer(rb, path))
+    # One target, allocated by a first load: a fresh 1 GB allocation per load costs
+    # 0.5-3 s on this VM (page faults), which would hide what verification adds.
+    target = ReplayBuffer(storage=LazyTensorStorage(capacity))
+    load_buffer(target, dumps / version)
+
+    def load(verify: str) -> Callable[[], None]:
+        return lambda: load_buffer(target, dumps / version, verify=verify) and None  # type: ignore[arg-type]
+
+    none, full = paired_medians(load("none"), load("full"), repeats, lambda: None)
+    _, size = paired_medians(load("none"), load("size"), repeats, lambda: None)
+    alone, _ = paired_medians(
+        lambda: read_manifest(dumps / version, verify="full") and None,
+        lambda: None,
+        repeats,
+        lambda: None,
+    )
+    result.update({"load none": none, "load size": size, "load full": full, "verify": alone})
+
+    # What a resume does: load into a new, empty buffer.
+    fresh: list[ReplayBuffer] = []
+
+    def new_buffer() -> None:
+        fresh.clear()
+        fresh.append(ReplayBuffer(storage=LazyTensorStorage(capacity)))
+
+    def resume(verify: str) -> Callable[[], None]:
+        return lambda: load_buffer(fresh[0], dumps / version, verify=verify) and None  # type: ignore[arg-type]
+
+    result["resume none"], result["resume full"] = paired_medians(
+        resume("none"), resume("full"), repeats, new_buffer
+    )
+    assert torch.equal(target[:]["next", "obs"], rb[:]["next", "obs"])
+    shutil.rmtree(dumps, ignore_errors=True)
+    return result
+
+
+def verification_main(args: argparse.Namespace) -> None:
+    sizes = [int(mb) for mb in args.verify_mb.split(",")]
+    rows = {}
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="rb_ckpt_bench-") as tmp:
+        for megabytes in sizes:
+            for fill, kind in ((1.0, "full (torchrl writes)"), (0.5, "half (filled rows)")):
+                rows[(megabytes, kind)] = measure_verification(
+                    megabytes, fill, args.repeats, Path(tmp)
+                )
+    print(f"median of {args.repeats}; seconds; +x% = added by the checksums")
+    print(
+        "| buffer | MB written | dump s | dump + xxh3 s | added | save (fsync) s | "
+        "save + xxh3 s | added | load none s | load size s | load full s | added | "
+        "verify alone s | resume none s | resume full s | added |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (megabytes, kind), r in rows.items():
+
+        def added(base: str, more: str, r: dict[str, float] = r) -> str:
+            return f"{(r[more] / r[base] - 1) * 100:+.0f}%"
+
+        print(
+            f"| {megabytes:,} MB, {kind} | {r['MB']:.0f} | {r['dump']:.2f} | "
+            f"{r['dump+xxh3']:.2f} | {added('dump', 'dump+xxh3')} | {r['save']:.2f} | "
+            f"{r['save+xxh3']:.2f} | {added('save', 'save+xxh3')} | {r['load none']:.2f} | "
+            f"{r['load size']:.2f} | {r['load full']:.2f} | {added('load none', 'load full')} | "
+            f"{r['verify']:.3f} | {r['resume none']:.2f} | {r['resume full']:.2f} | "
+            f"{added('resume none', 'resume full')} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rl-items", type=int, default=1_000_000)
@@ -157,7 +297,14 @@ def main() -> None:
         "--fills", default="0.01,0.3,1.0", help="fill fractions of the rl buffer, table 2"
     )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--verification", action="store_true", help="the cost of checksums (see above)"
+    )
+    parser.add_argument("--verify-mb", default="100,1000", help="buffer sizes, --verification")
     args = parser.parse_args()
+    if args.verification:
+        verification_main(args)
+        return
 
     fills = [float(f) for f in args.fills.split(",")]
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="rb_ckpt_bench-") as tmp:

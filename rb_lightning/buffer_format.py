@@ -3,10 +3,13 @@
 A dump is a directory of memory-mapped tensors (``.memmap``) and JSON, never a
 pickle, with a ``manifest.json`` that records the item count, ``write_count``,
 how the buffer was built (storage, capacity, sampler and its settings,
-writer), the size of every file and a checksum of the small ones. Loading
-verifies all of it first, refuses a directory holding any other file (it could
-run code when read) and refuses a buffer built differently from the saved one,
-each with a :class:`BufferCheckpointError` that names the path and the fix.
+writer), and the size and xxHash (``xxh3_64``) checksum of every file. The
+checksums of the data are taken from the bytes as they are written, not by
+reading the files back. Loading verifies all of it before the buffer is
+touched (``verify``: ``"full"``, ``"size"`` or ``"none"``), refuses a directory
+holding any other file (it could run code when read) and refuses a buffer built
+differently from the saved one, each with a :class:`BufferCheckpointError` that
+names the path, the file and the fix.
 
 Kinds of dump (manifest ``"kind"``), chosen by :func:`dump_buffer`:
 
@@ -21,8 +24,10 @@ sampling generator as a memory-mapped tensor. Dumps written by earlier versions
 are still read.
 
 Atomic versions: :func:`write_version` writes a dump under ``<version>.tmp`` and
-renames it to ``<version>`` once complete, so a reader never sees a half-written
-dump; :func:`remove_stale_versions` removes what a save that died left behind.
+renames it to ``<version>`` once complete and flushed to disk (``fsync`` of every
+file, the manifest and the directories before and after the rename), so a reader
+never sees a half-written dump, even after a machine crash;
+:func:`remove_stale_versions` removes what a save that died left behind.
 Where versions live beside a Lightning ``.ckpt`` is :mod:`rb_lightning.checkpoint`'s job.
 
 torchrl's own ``torchrl.checkpoint.Checkpoint`` can hold such a dump as one of its
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import shutil
 import tarfile
@@ -56,9 +62,10 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+import xxhash
 from tensordict import TensorDict, TensorDictBase
 from torchrl.checkpoint import CheckpointAdapter
 from torchrl.data import ReplayBuffer
@@ -78,6 +85,8 @@ __all__ = [
     "BufferCheckpointAdapter",
     "BufferCheckpointError",
     "NotEnoughDiskSpaceError",
+    "VERIFY_MODES",
+    "Verify",
     "buffer_build",
     "buffer_nbytes",
     "check_disk_space",
@@ -91,7 +100,9 @@ __all__ = [
     "load_remote_buffer",
     "pack_directory",
     "read_manifest",
+    "check_verify_mode",
     "remove_stale_versions",
+    "sync_path",
     "unpack_directory",
     "write_version",
     "writes_filled_rows_only",
@@ -127,9 +138,17 @@ _ROW_STORAGES = (TensorStorage, LazyTensorStorage, LazyMemmapStorage)
 #: filesystem blocks are not counted in the estimate.
 _DISK_MARGIN_FRACTION = 0.05
 _DISK_MARGIN_BYTES = 256 * 1024
-# Files up to this size get a content checksum; larger ones (the memmapped data) are
-# checked by size only, so verification does not re-read gigabytes on every load.
-_CHECKSUM_MAX_BYTES = 1024**2
+#: Manifest key of the per-file checksums: hex ``xxh3_64`` digests, for every file.
+_CHECKSUMS = "xxh3_64"
+#: Manifest key of dumps written before every file was checksummed: CRC32 of small files.
+_LEGACY_CRC32 = "crc32"
+#: Window in which a file is mapped to verify its checksum (a multiple of the mmap granularity).
+_READ_CHUNK_BYTES = 64 * 1024**2
+
+#: What :func:`load_buffer` checks before loading: ``"full"`` every file's size and
+#: checksum, ``"size"`` every file's size, ``"none"`` only that the manifest is readable.
+Verify = Literal["full", "size", "none"]
+VERIFY_MODES: tuple[str, ...] = ("full", "size", "none")
 
 
 class BufferCheckpointError(RuntimeError):
@@ -280,14 +299,93 @@ def _crc(path: Path) -> int:
     return zlib.crc32(path.read_bytes())
 
 
-def _write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
+def _tensor_digest(tensor: torch.Tensor) -> str:
+    """``xxh3_64`` of a CPU tensor's bytes, read in place (no copy)."""
+    flat = tensor.detach().reshape(-1)
+    return xxhash.xxh3_64_hexdigest(flat.view(torch.uint8).numpy().data)
+
+
+def _file_digest(path: Path) -> str:
+    """``xxh3_64`` of a file's bytes, hashed through read-only mappings of a window at a time.
+
+    Mapped (with ``MAP_POPULATE`` where there is one: pages of the page cache are
+    mapped in one call) rather than read into a buffer: no copy, about 3x faster.
+    """
+    digest = xxhash.xxh3_64()
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        for offset in range(0, size, _READ_CHUNK_BYTES):
+            length = min(_READ_CHUNK_BYTES, size - offset)
+            with _map_read_only(file.fileno(), length, offset) as window:
+                digest.update(window)
+    return digest.hexdigest()
+
+
+def _map_read_only(descriptor: int, length: int, offset: int) -> mmap.mmap:
+    if os.name != "posix":
+        return mmap.mmap(descriptor, length, access=mmap.ACCESS_READ, offset=offset)
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(descriptor, length, flags=flags, prot=mmap.PROT_READ, offset=offset)
+
+
+class _Digests(dict[str, str]):
+    """Checksums of dump files, by path relative to the dump root, taken as they are written.
+
+    ``add_written``: a TensorDict that ``TensorDict.memmap`` just wrote; each leaf maps
+    its own file, so the digest is of the bytes in the file's pages, through the mapping
+    that wrote them (no second read of the file). ``add_source``: a TensorDict that
+    torchrl's checkpointer is writing under ``prefix`` (``key.memmap`` per leaf); the
+    digest is of the bytes it copies. Files not covered here (JSON, sampler and writer
+    state) are small and hashed from disk when the manifest is written.
+    """
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root.absolute()
+
+    def add_written(self, data: TensorDictBase) -> None:
+        for leaf in data.values(include_nested=True, leaves_only=True):
+            filename = getattr(leaf, "filename", None)
+            if isinstance(leaf, torch.Tensor) and filename:
+                self._add(Path(filename), leaf)
+
+    def add_source(self, data: Any, prefix: Path) -> None:
+        if not isinstance(data, TensorDictBase):
+            return
+        for key, leaf in data.items(include_nested=True, leaves_only=True):
+            if isinstance(leaf, torch.Tensor) and not leaf.is_cuda:
+                parts = (key,) if isinstance(key, str) else tuple(key)
+                self._add(prefix.joinpath(*parts[:-1], f"{parts[-1]}.memmap"), leaf)
+
+    def _add(self, file: Path, tensor: torch.Tensor) -> None:
+        try:
+            name = file.absolute().relative_to(self.root).as_posix()
+        except ValueError:
+            return  # not a file of this dump
+        # Recorded only if the file is exactly the tensor's bytes; otherwise read later.
+        nbytes = tensor.numel() * tensor.element_size()
+        if tensor.is_contiguous() and file.is_file() and file.stat().st_size == nbytes:
+            self[name] = _tensor_digest(tensor)
+
+
+def _write_manifest(
+    root: Path, content: dict[str, Any], digests: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Write ``manifest.json``: ``content``, the size and checksum of every file.
+
+    ``digests``: checksums taken while the files were written (:class:`_Digests`),
+    or ``None`` for a dump recorded by size only (``dump_buffer(checksums=False)``).
+    """
     files = _files(root)
     content = dict(content)
     content["format"] = FORMAT_VERSION
     content["files"] = files
-    content["crc32"] = {
-        name: _crc(root / name) for name, size in files.items() if size <= _CHECKSUM_MAX_BYTES
-    }
+    if digests is not None:
+        content[_CHECKSUMS] = {
+            name: digests.get(name) or _file_digest(root / name) for name in files
+        }
+    # Kept (empty) so that rb_lightning versions before per-file checksums read the dump.
+    content[_LEGACY_CRC32] = {}
     with open(root / MANIFEST, "w") as file:
         json.dump(content, file)
         file.flush()
@@ -295,8 +393,58 @@ def _write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
     return content
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and verify the manifest of a buffer dump; raise :class:`BufferCheckpointError`."""
+def check_verify_mode(verify: str, argument: str = "verify") -> Verify:
+    """``verify`` if it is one of :data:`VERIFY_MODES`; otherwise a ``ValueError`` naming ``argument``."""
+    if verify not in VERIFY_MODES:
+        raise ValueError(
+            f"{argument}={verify!r} is not a verification mode: use 'full' (sizes and "
+            "checksums of every file of a buffer checkpoint, the default), 'size' (file sizes "
+            "only, for multi-GB buffers on disks you trust) or 'none'."
+        )
+    return verify  # type: ignore[return-value]
+
+
+def _what_file_holds(name: str) -> str:
+    """What the dump file ``name`` (relative path) holds, in a user's words."""
+    parts = name.split("/")
+    column = parts[-1].removesuffix(".memmap")
+
+    def column_of(inner: list[str]) -> str:
+        key = [*inner, column]
+        return f"column {'.'.join(key)!r}" if len(key) > 1 else f"column {column!r}"
+
+    if not name.endswith(".memmap"):
+        return "metadata"
+    if parts[0] == "storage":
+        if parts[1:] == [f"{_TENSOR_ROWS}.memmap"]:
+            return "the stored tensor"
+        return f"{column_of(parts[1:-1])} of the stored items"
+    if parts[0] == _LIST_DIR and len(parts) > 2:
+        return f"{column_of(parts[2:-1])} of item {parts[1]}"
+    if parts[0] == _PENDING and len(parts) > 2:
+        return f"{column_of(parts[2:-1])} of read-ahead batch {parts[1]}"
+    if parts[0] in ("sampler", "writer"):
+        return f"the {parts[0]} state ({column})"
+    if parts[0] == "rng_state":
+        return "the sampling generator state"
+    return column_of(parts[:-1])
+
+
+def _corrupted(root: Path, name: str, problem: str) -> BufferCheckpointError:
+    return BufferCheckpointError(
+        f"Replay-buffer dump {root} is corrupted: {name} ({_what_file_holds(name)}) {problem}. "
+        "Nothing was loaded; the buffer is unchanged. Resume from an earlier checkpoint (an "
+        "older .ckpt with its .buffer directory); this one's data is damaged on disk."
+    )
+
+
+def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[str, Any]:
+    """Read and verify the manifest of a buffer dump; raise :class:`BufferCheckpointError`.
+
+    ``verify``: ``"full"`` (default) checks the size and the checksum of every file
+    (dumps of older versions: of the files they recorded one for), ``"size"`` the
+    sizes only, ``"none"`` nothing but a readable manifest of a known format.
+    """
     root = Path(path)
     if root.is_file():
         raise BufferCheckpointError(
@@ -323,20 +471,21 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
             f"{manifest_path} has format {manifest.get('format')!r}; this rb_lightning reads "
             f"format {FORMAT_VERSION}."
         )
+    if verify == "none":
+        return manifest
     actual = _files(root)
     for name, size in manifest["files"].items():
         if actual.get(name) != size:
-            found = "missing" if name not in actual else f"{actual[name]} bytes"
-            raise BufferCheckpointError(
-                f"Replay-buffer dump {root} is corrupted: {name} should hold {size} bytes, "
-                f"found {found}. Resume from an earlier checkpoint."
-            )
-    for name, crc in manifest["crc32"].items():
+            found = "is missing" if name not in actual else f"holds {actual[name]} bytes"
+            raise _corrupted(root, name, f"should hold {size} bytes and {found}")
+    if verify == "size":
+        return manifest
+    for name, digest in manifest.get(_CHECKSUMS, {}).items():
+        if _file_digest(root / name) != digest:
+            raise _corrupted(root, name, "does not match its checksum (xxh3_64)")
+    for name, crc in manifest.get(_LEGACY_CRC32, {}).items():
         if _crc(root / name) != crc:
-            raise BufferCheckpointError(
-                f"Replay-buffer dump {root} is corrupted: checksum mismatch in {name}. Resume "
-                "from an earlier checkpoint."
-            )
+            raise _corrupted(root, name, "does not match its checksum (crc32)")
     return manifest
 
 
@@ -347,6 +496,7 @@ def dump_buffer(
     *,
     pending_batches: Sequence[Any] = (),
     extra: dict[str, Any] | None = None,
+    checksums: bool = True,
 ) -> dict[str, Any]:
     """Write ``replay_buffer`` to the new directory ``path`` and return its manifest.
 
@@ -365,26 +515,35 @@ def dump_buffer(
         pending_batches: Batches already sampled but not yet consumed by training
             (TensorDicts), saved so a resumed run hands them out first.
         extra: JSON-serialisable values recorded in the manifest.
+        checksums: Record an ``xxh3_64`` checksum of every file (default). ``False``
+            records sizes only (a baseline for measuring what checksums cost).
+
+    The checksums of the data are taken from the bytes being written (a storage
+    must not be written by another thread during a save: the dump would be torn
+    anyway). Files are not ``fsync``-ed here; :func:`write_version` does it.
     """
     root = Path(path)
     root.mkdir(parents=True)
     storage = replay_buffer.storage
     extra = dict(extra or {})
+    digests = _Digests(root)
     if isinstance(storage, ListStorage):
         kind = _LIST_ITEMS
-        extra.update(_dump_list_items(replay_buffer, root))
+        extra.update(_dump_list_items(replay_buffer, root, digests))
     elif not getattr(storage, "initialized", True) or len(replay_buffer) == 0:
         # torchrl refuses to dump a storage that never received data.
         kind = _EMPTY
-        _dump_components(replay_buffer, root)
+        _dump_components(replay_buffer, root, digests)
     elif writes_filled_rows_only(replay_buffer):
         kind = _FILLED_ROWS
-        extra.update(_dump_filled_rows(replay_buffer, root))
+        extra.update(_dump_filled_rows(replay_buffer, root, digests))
     else:
         kind = _WHOLE_STORAGE
         with torchrl_compat.ignore_last_cursor_warning():
             storage.dumps(root / "storage")
-        extra.update(capacity=storage.max_size, **_dump_components(replay_buffer, root))
+        # torchrl's checkpointer copies the storage's leaves into storage/<key>.memmap.
+        digests.add_source(torchrl_compat.storage_content(storage), root / "storage")
+        extra.update(capacity=storage.max_size, **_dump_components(replay_buffer, root, digests))
         transform_state = replay_buffer.transform.state_dict()
         if transform_state:
             torch.save(transform_state, root / _TRANSFORM_STATE)  # tensors: weights-only loadable
@@ -394,7 +553,7 @@ def dump_buffer(
                 f"pending batch {number} is a {type(batch).__name__}; only TensorDict batches "
                 "can be saved for an exact resume."
             )
-        _on_host(batch).memmap(root / _PENDING / str(number))
+        digests.add_written(_on_host(batch).memmap(root / _PENDING / str(number)))
     _refuse_pickles(root, written=True)
     return _write_manifest(
         root,
@@ -406,19 +565,23 @@ def dump_buffer(
             "build": buffer_build(replay_buffer),
             **extra,
         },
+        digests if checksums else None,
     )
 
 
-def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[TensorDictBase]:
+def load_buffer(
+    replay_buffer: ReplayBuffer, path: str | os.PathLike, *, verify: Verify = "full"
+) -> list[TensorDictBase]:
     """Restore ``replay_buffer`` from a :func:`dump_buffer` directory; return its pending batches.
 
     The current content of ``replay_buffer`` is replaced. Raises
     :class:`BufferCheckpointError` naming ``path`` when the directory is
-    missing, does not match its manifest, or holds a file that could run code
+    missing, does not match its manifest (``verify``, see :func:`read_manifest`:
+    checked before the buffer is touched), or holds a file that could run code
     when read (a pickle): nothing in it is unpickled.
     """
     root = Path(path)
-    manifest = read_manifest(root)
+    manifest = read_manifest(root, verify=verify)
     _refuse_pickles(root)
     check_same_build(manifest.get("build"), replay_buffer, root)
     kind = manifest["kind"]
@@ -456,8 +619,7 @@ def load_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> list[Te
         raise BufferCheckpointError(
             f"Replay buffer loaded from {root} holds {len(replay_buffer)} items (write_count "
             f"{torchrl_compat.write_count(replay_buffer)}), its manifest says {manifest['len']} "
-            f"({manifest['write_count']}). Is the buffer built with the same storage and "
-            "max_size as the one that was saved?"
+            f"({manifest['write_count']}). {_cause_beyond_build(manifest)}"
         )
     return [
         TensorDict.load_memmap(root / _PENDING / str(number), allow_pickle=False).clone()
@@ -563,15 +725,14 @@ def _refuse_pickles(root: Path, *, written: bool = False) -> None:
         )
 
 
-def _dump_components(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+def _dump_components(replay_buffer: ReplayBuffer, root: Path, digests: _Digests) -> dict[str, Any]:
     """Sampler, writer (their own ``dumps``: JSON and memmaps) and generator state."""
     replay_buffer.sampler.dumps(root / "sampler")
     replay_buffer.writer.dumps(root / "writer")
     generator = torchrl_compat.buffer_generator(replay_buffer)
     if generator is not None:
-        TensorDict(rng_state=generator.get_state(), device=generator.device).memmap(
-            root / "rng_state"
-        )
+        state = TensorDict(rng_state=generator.get_state(), device=generator.device)
+        digests.add_written(state.memmap(root / "rng_state"))
     return {
         "batch_size": torchrl_compat.default_batch_size(replay_buffer),
         "consume_after_n_samples": torchrl_compat.consume_after_n_samples(replay_buffer),
@@ -582,15 +743,17 @@ def _load_components(
     replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any], *, sampler: bool = True
 ) -> None:
     """Inverse of :func:`_dump_components` (after the storage was restored)."""
+    part = "sampler"
     try:
         if sampler:
             replay_buffer.sampler.loads(root / "sampler")
+        part = "writer"
         replay_buffer.writer.loads(root / "writer")
     except Exception as error:
         raise BufferCheckpointError(
-            f"Could not load the sampler/writer state saved in {root} into the DataModule's "
-            f"buffer ({type(error).__name__}: {error}). Build the buffer as in the saved run: "
-            "same storage type and max_size, same sampler and writer types."
+            f"Could not load the {part} state saved in {root / part} into the DataModule's "
+            f"buffer's {type(getattr(replay_buffer, part)).__name__} ({type(error).__name__}: "
+            f"{error}). {_cause_beyond_build(manifest)}"
         ) from error
     if (root / "rng_state").exists():
         state = TensorDict.load_memmap(root / "rng_state", allow_pickle=False)
@@ -613,7 +776,7 @@ def _on_host(data: TensorDictBase) -> TensorDictBase:
     return data if device is not None and device.type == "cpu" else data.to("cpu")
 
 
-def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path, digests: _Digests) -> dict[str, Any]:
     """Write rows ``[0, len)`` and the sampler/writer/generator state the way ``dumps`` does.
 
     Tensors and JSON only (no pickles): the rows as a memory-mapped TensorDict,
@@ -626,11 +789,12 @@ def _dump_filled_rows(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]
     if tensor_rows:
         rows = TensorDict({_TENSOR_ROWS: rows}, batch_size=rows.shape[:1])
     rows = _on_host(rows)  # a storage on the GPU is saved to host memory-mapped files
-    rows.memmap(root / "storage", copy_existing=True)  # memmap storages: copy, do not move
+    # memmap storages: copy, do not move
+    digests.add_written(rows.memmap(root / "storage", copy_existing=True))
     return {
         "capacity": storage.max_size,
         "tensor_rows": tensor_rows,
-        **_dump_components(replay_buffer, root),
+        **_dump_components(replay_buffer, root, digests),
     }
 
 
@@ -655,19 +819,90 @@ def _load_filled_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[st
         # empty() resets storage length, writer and sampler; set() initialises a lazy
         # storage at the full capacity and counts the rows; then the saved states.
         replay_buffer.empty()
-        storage.set(slice(0, manifest["len"]), rows)
+        with torchrl_compat.overwriting_scratch_files(storage):
+            storage.set(slice(0, manifest["len"]), rows)
     except Exception as error:
-        raise _unloadable(root, error) from error
+        raise _unloadable(root, error, replay_buffer, manifest, rows) from error
     _load_components(replay_buffer, root, manifest)
 
 
-def _unloadable(root: Path, error: Exception) -> BufferCheckpointError:
-    """The error for saved rows that the receiving buffer cannot take (built differently)."""
-    return BufferCheckpointError(
+def _unloadable(
+    root: Path,
+    error: Exception,
+    replay_buffer: ReplayBuffer,
+    manifest: dict[str, Any],
+    saved: Any = None,
+) -> BufferCheckpointError:
+    """The error for saved items the receiving buffer could not take, naming the cause."""
+    head = (
         f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
-        f"({type(error).__name__}: {error}). Build the buffer as in the saved run: same "
-        "storage type and max_size, same sampler and writer types."
+        f"({type(error).__name__}: {error})."
     )
+    storage = replay_buffer.storage
+    scratch_dir = getattr(storage, "scratch_dir", None)
+    if "already exists" in str(error):
+        return BufferCheckpointError(
+            f"{head} The storage refused to replace files already in its scratch_dir "
+            f"{scratch_dir} (torchrl's existsok=False). Remove them, or give the storage "
+            "another scratch_dir."
+        )
+    if isinstance(error, OSError):
+        where = f"its scratch_dir {scratch_dir}" if scratch_dir else "its memory-mapped files"
+        return BufferCheckpointError(
+            f"{head} The storage could not write the restored items into {where}. Make that "
+            "directory writable, with room for max_size items, or point the storage's "
+            "scratch_dir at one that is."
+        )
+    difference = _column_difference(storage, saved)
+    if difference is not None:
+        return BufferCheckpointError(
+            f"{head} The DataModule's buffer already held items when the checkpoint was "
+            f"restored (filled by a source or a warm-up), and {difference}. Fill the buffer "
+            "with the saved columns, or resume without filling it first."
+        )
+    return BufferCheckpointError(f"{head} {_cause_beyond_build(manifest)}")
+
+
+def _cause_beyond_build(manifest: dict[str, Any]) -> str:
+    """What to say when loading failed and the buffers' builds were compared (or not)."""
+    if not manifest.get("build"):
+        return (
+            "This dump predates build records, so the buffers could not be compared: build "
+            "the buffer as in the saved run (same storage type and max_size, same sampler and "
+            "writer types)."
+        )
+    return (
+        "The buffer is built as the saved one (storage type, max_size, sampler and its "
+        "settings, writer: all match), so the build is not the cause. Resume from an earlier "
+        "checkpoint; if that fails the same way, report it with this message."
+    )
+
+
+def _column_difference(storage: Any, saved: Any) -> str | None:
+    """How the saved items' columns differ from those of an already filled storage."""
+    content = torchrl_compat.storage_content(storage)
+    if not getattr(storage, "initialized", False) or not isinstance(saved, TensorDictBase):
+        return None
+    if not isinstance(content, TensorDictBase):
+        return None
+
+    def columns(data: TensorDictBase) -> dict[str, tuple[Any, ...]]:
+        return {
+            ".".join(key) if isinstance(key, tuple) else key: (tuple(leaf.shape[1:]), leaf.dtype)
+            for key, leaf in data.items(include_nested=True, leaves_only=True)
+            if isinstance(leaf, torch.Tensor)
+        }
+
+    held, wanted = columns(content), columns(saved)
+    if held.keys() != wanted.keys():
+        return f"it holds columns {sorted(held)}, the checkpoint {sorted(wanted)}"
+    for name, (shape, dtype) in wanted.items():
+        if held[name] != (shape, dtype):
+            return (
+                f"column {name!r} holds {held[name][1]} of shape {list(held[name][0])} per "
+                f"item, the checkpoint's {dtype} of shape {list(shape)}"
+            )
+    return None
 
 
 def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
@@ -676,9 +911,10 @@ def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[
     try:
         # The storage's checkpointer reads memmaps and JSON; _refuse_pickles has made
         # sure there is no pickle sidecar for it to read.
-        replay_buffer.storage.loads(root / "storage")
+        with torchrl_compat.overwriting_scratch_files(replay_buffer.storage):
+            replay_buffer.storage.loads(root / "storage")
     except Exception as error:
-        raise _unloadable(root, error) from error
+        raise _unloadable(root, error, replay_buffer, manifest) from error
     if manifest["kind"] == _TORCHRL_DUMPS and (root / "buffer_metadata.json").exists():
         manifest = {**manifest, **json.loads((root / "buffer_metadata.json").read_text())}
     _load_components(replay_buffer, root, manifest)
@@ -688,7 +924,7 @@ def _load_whole_storage(replay_buffer: ReplayBuffer, root: Path, manifest: dict[
         )
 
 
-def _dump_list_items(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
+def _dump_list_items(replay_buffer: ReplayBuffer, root: Path, digests: _Digests) -> dict[str, Any]:
     """One memory-mapped TensorDict per ``ListStorage`` item, and the components."""
     storage = replay_buffer.storage
     kinds = []
@@ -709,11 +945,11 @@ def _dump_list_items(replay_buffer: ReplayBuffer, root: Path) -> dict[str, Any]:
                 "checkpoints TensorDict, tensor and dict items (stored as tensors and JSON, "
                 "never pickled). Store items as TensorDicts."
             )
-        item.memmap(root / _LIST_DIR / str(number))
+        digests.add_written(item.memmap(root / _LIST_DIR / str(number)))
     return {
         "capacity": storage.max_size,
         "item_kinds": kinds,
-        **_dump_components(replay_buffer, root),
+        **_dump_components(replay_buffer, root, digests),
     }
 
 
@@ -790,16 +1026,36 @@ def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
 
 
 # -- atomic versions ---------------------------------------------------------------------------
+def sync_path(path: str | os.PathLike, *, recursive: bool = True) -> None:
+    """``fsync`` ``path``: a file, or a directory with (``recursive``) everything under it.
+
+    A rename makes a dump visible; without this, a machine that crashes right after
+    could keep the rename and lose the data behind it. Directories are synced too,
+    so that the entries of new files survive the crash as well.
+    """
+    root = Path(path)
+    entries = [root]
+    if recursive and root.is_dir():
+        entries = sorted(root.rglob("*"), reverse=True) + [root]  # children before parents
+    for entry in entries:
+        descriptor = os.open(entry, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
 def write_version(
     directory: str | os.PathLike, dump: Callable[[Path], dict[str, Any]]
 ) -> tuple[str, dict[str, Any]]:
     """Write one dump as the new version ``directory/<version>``, atomically; return both.
 
     ``dump(path)`` writes the dump into ``path`` (it must not exist yet) and
-    returns its manifest. It runs on ``<version>.tmp``, which is renamed to
-    ``<version>`` once complete (one ``os.replace`` on the same filesystem), so a
-    reader never finds a half-written version; a failed dump is removed at once
-    so it does not hold the space. torchrl's ``Checkpoint.save`` stages and
+    returns its manifest. It runs on ``<version>.tmp``, which is flushed to disk
+    (:func:`sync_path`) and renamed to ``<version>`` once complete (one
+    ``os.replace`` on the same filesystem, then ``directory`` is synced), so a
+    reader never finds a half-written version, after a killed process or a
+    crashed machine; a failed dump is removed at once so it does not hold the space. torchrl's ``Checkpoint.save`` stages and
     renames too, but replaces a fixed path; versions here are new names, so an
     older version stays readable until its ``.ckpt`` is replaced.
 
@@ -821,10 +1077,12 @@ def write_version(
     staging = directory / f"{version}.tmp"
     try:
         manifest = dump(staging)
+        sync_path(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     os.replace(staging, directory / version)
+    sync_path(directory, recursive=False)
     return version, manifest
 
 
@@ -832,8 +1090,8 @@ def publish_version(staged: Path, directory: Path, version: str) -> Path:
     """Move a complete dump ``staged`` (written elsewhere) to ``directory/<version>``.
 
     One rename on the same filesystem; across filesystems a copy under
-    ``<version>.tmp`` first, then the rename, so the version appears complete
-    or not at all.
+    ``<version>.tmp`` first (synced), then the rename, so the version appears
+    complete or not at all. ``staged`` must already be synced (:func:`sync_path`).
     """
     final = directory / version
     try:
@@ -841,8 +1099,10 @@ def publish_version(staged: Path, directory: Path, version: str) -> Path:
     except OSError:  # another filesystem: copy under a temporary name, then rename
         copy = directory / f"{version}.tmp"
         shutil.copytree(staged, copy)
+        sync_path(copy)
         os.replace(copy, final)
         shutil.rmtree(staged, ignore_errors=True)
+    sync_path(directory, recursive=False)
     return final
 
 
@@ -896,10 +1156,13 @@ def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
             "build": build,
             "remote": True,
         },
+        {},  # the actor wrote the files in its own process: hashed here from disk
     )
 
 
-def load_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
+def load_remote_buffer(
+    replay_buffer: ReplayBuffer, path: str | os.PathLike, *, verify: Verify = "full"
+) -> None:
     """Replace a Ray buffer's content, in its actor, with a :func:`dump_remote_buffer` directory.
 
     Verified here first (manifest, no file that could run code, same build); the
@@ -909,7 +1172,7 @@ def load_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
     from rb_lightning.ray import load_in_actor
 
     root = Path(path).absolute()
-    manifest = read_manifest(root)
+    manifest = read_manifest(root, verify=verify)
     if manifest["kind"] not in (_TORCHRL_DUMPS, _REMOTE_EMPTY):
         raise BufferCheckpointError(
             f"The checkpoint's replay buffer ({root}) was saved from a buffer in the training "

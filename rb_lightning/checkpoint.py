@@ -69,10 +69,12 @@ from rb_lightning.buffer_format import (
     BufferCheckpointAdapter,
     BufferCheckpointError,
     NotEnoughDiskSpaceError,
+    Verify,
     buffer_build,
     buffer_nbytes,
     check_disk_space,
     check_same_build,
+    check_verify_mode,
     dump_buffer,
     dump_nbytes,
     dump_remote_buffer,
@@ -83,6 +85,7 @@ from rb_lightning.buffer_format import (
     publish_version,
     read_manifest,
     remove_stale_versions,
+    sync_path,
     unpack_directory,
     write_version,
     writes_filled_rows_only,
@@ -103,6 +106,7 @@ __all__ = [
     "NotEnoughDiskSpaceError",
     "RankDumpsRequest",
     "RemoteDumpRequest",
+    "Verify",
     "buffer_build",
     "buffer_dir_for",
     "buffer_nbytes",
@@ -112,6 +116,7 @@ __all__ = [
     "checkpoint_path_of",
     "check_disk_space",
     "check_same_build",
+    "check_verify_mode",
     "dump_buffer",
     "dump_nbytes",
     "dump_remote_buffer",
@@ -131,6 +136,7 @@ __all__ = [
     "restore_mixture_state",
     "restore_remote_buffer_state",
     "staging_dir_for",
+    "sync_path",
     "unpack_directory",
     "write_version",
     "writes_filled_rows_only",
@@ -144,6 +150,7 @@ DEFAULT_INLINE_MAX_BYTES = 64 * 1024**2
 BUFFER_DIR_SUFFIX = ".buffer"
 _RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
 _STAGING_DIR = ".rb_lightning-staging"
+_PARTIAL_PREFIX = ".rb_lightning-partial-"  # a .ckpt being written, renamed into place
 
 
 # -- beside the .ckpt --------------------------------------------------------------------------
@@ -299,7 +306,7 @@ class _CommitAfterWrite(CheckpointIO):
     ) -> None:
         number = checkpoint.pop(_SAVE_KEY, None)
         try:
-            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            _write_in_place(self.checkpoint_io, checkpoint, path, storage_options)
         except BaseException:
             self.ledger.finish(number, written=False)
             raise
@@ -317,6 +324,41 @@ class _CommitAfterWrite(CheckpointIO):
 
     def teardown(self) -> None:
         self.checkpoint_io.teardown()
+
+
+def _write_in_place(
+    checkpoint_io: CheckpointIO, checkpoint: dict[str, Any], path: Any, storage_options: Any
+) -> None:
+    """Write a local ``.ckpt`` beside its final place, ``fsync`` it, rename it over ``path``.
+
+    ``checkpoint_io`` writes to ``<dir>/.rb_lightning-partial-<id>/<name>`` (the same
+    file name, on the same filesystem); one ``os.replace`` then puts it in place and
+    the directory is synced. Lightning's own writer stages in the system temporary
+    directory and moves the file: across filesystems (a tmpfs ``/tmp``) the move is a
+    copy, and a process killed during it leaves a truncated ``.ckpt``. Older buffer
+    versions are deleted after this returns, so the new ``.ckpt`` is on disk first.
+    Remote paths (``s3://...``) are written by ``checkpoint_io`` as they are.
+    """
+    if "://" in str(path) and not str(path).startswith("file://"):
+        checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        return
+    final = Path(str(path).removeprefix("file://"))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Only this thread writes .ckpt files of the run (AsyncCheckpointIO has one writer),
+    # so a partial directory found now belongs to a save that died.
+    for stale in final.parent.glob(f"{_PARTIAL_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = final.parent / f"{_PARTIAL_PREFIX}{uuid.uuid4().hex}"
+    partial.mkdir()
+    try:
+        checkpoint_io.save_checkpoint(
+            checkpoint, partial / final.name, storage_options=storage_options
+        )
+        sync_path(partial / final.name)
+        os.replace(partial / final.name, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    sync_path(final.parent, recursive=False)
 
 
 class BufferCheckpointIO(CheckpointIO):
@@ -502,8 +544,15 @@ def restore_mixture_state(
     mixture: BufferMixture,
     state: dict[str, Any],
     checkpoint_path: str | os.PathLike | None = None,
+    *,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
-    """Inverse of :func:`mixture_state`; returns the pending batches to hand out first."""
+    """Inverse of :func:`mixture_state`; returns the pending batches to hand out first.
+
+    Every member's dump is verified (``verify``, see
+    :func:`~rb_lightning.buffer_format.read_manifest`) before any member is
+    loaded, so a damaged member leaves the whole mixture as it was.
+    """
     if state.get("location") != "mixture":
         raise BufferCheckpointError(
             "The checkpoint holds a single replay buffer, and the DataModule samples a "
@@ -517,8 +566,18 @@ def restore_mixture_state(
             "same order (their order gives the source ids)."
         )
     pending: list[TensorDictBase] = []
-    for name, member in mixture.members.items():
-        pending += restore_buffer_state(member, state["members"][name], checkpoint_path)
+    with contextlib.ExitStack() as stack:
+        roots = {
+            name: stack.enter_context(_dump_directory(state["members"][name], checkpoint_path))
+            for name in mixture.members
+        }
+        for root in roots.values():
+            if root is not None:
+                read_manifest(root, verify=verify)
+        for name, member in mixture.members.items():
+            root = roots[name]
+            if root is not None:
+                pending += buffer_format.load_buffer(member, root, verify="none")  # verified
     if state.get("generator") is not None:
         generator = ensure_generator(mixture)
         if generator is None:
@@ -558,6 +617,7 @@ def rank_buffer_state(
             pending_batches=pending_batches,
             extra={"rank": rank, "world_size": world_size},
         )
+        sync_path(target)  # each rank flushes its own files; rank 0 renames the whole set
     except Exception as caught:  # every rank must reach the decision below, or all hang
         error = caught
     if not strategy.reduce_boolean_decision(error is None, all=True):
@@ -657,6 +717,8 @@ def restore_remote_buffer_state(
     state: dict[str, Any],
     checkpoint_path: str | os.PathLike | None,
     trainer: Any,
+    *,
+    verify: Verify = "full",
 ) -> None:
     """Restore a Ray buffer from its checkpoint: rank 0 loads it into the actor, all ranks wait.
 
@@ -677,7 +739,9 @@ def restore_remote_buffer_state(
                     "'ray'). Resume with the same kind of buffer as the saved run, or start "
                     "a new run."
                 )
-            load_remote_buffer(replay_buffer, resolve_reference(state, checkpoint_path))
+            load_remote_buffer(
+                replay_buffer, resolve_reference(state, checkpoint_path), verify=verify
+            )
         except Exception as caught:  # every rank must reach the decision below, or all hang
             error = caught
     if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
@@ -697,16 +761,37 @@ def restore_buffer_state(
     *,
     rank: int = 0,
     world_size: int = 1,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
 
     ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
     run holds one buffer per rank; each rank restores its own, and a different
-    world size raises :class:`BufferCheckpointError`.
+    world size raises :class:`BufferCheckpointError`. ``verify``: what is checked
+    before the buffer is touched (see :func:`~rb_lightning.buffer_format.read_manifest`).
+    """
+    with _dump_directory(state, checkpoint_path, rank=rank, world_size=world_size) as root:
+        if root is None:
+            return []
+        return buffer_format.load_buffer(replay_buffer, root, verify=verify)
+
+
+@contextlib.contextmanager
+def _dump_directory(
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Path | None]:
+    """The dump directory of a :func:`buffer_state` (an inline one unpacked meanwhile).
+
+    ``None`` for a placeholder that restores nothing (``location="remote"``).
     """
     location = state.get("location")
     if location == "remote":
-        return []
+        yield None
+        return
     saved_world = int(state.get("world_size", 1))
     if saved_world != world_size:
         raise BufferCheckpointError(
@@ -719,12 +804,14 @@ def restore_buffer_state(
     if location == "inline":
         with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
             unpack_directory(state["archive"], tmp)
-            return load_buffer(replay_buffer, tmp)
+            yield Path(tmp)
+        return
     if location == "beside":
         root = resolve_reference(state, checkpoint_path)
         if "world_size" in state:
             root = root / f"{_RANK_PREFIX}{rank}"
-        return load_buffer(replay_buffer, root)
+        yield root
+        return
     raise BufferCheckpointError(
         f"Unknown replay-buffer location {location!r} in the checkpoint (expected 'inline' or "
         "'beside'); was it written by a newer rb_lightning?"
@@ -870,6 +957,7 @@ def load_buffer(
     *,
     member: str | None = None,
     rank: int | None = None,
+    verify: Verify = "full",
 ) -> list[TensorDictBase]:
     """Restore ``replay_buffer`` from a dump, a Lightning checkpoint or a run directory.
 
@@ -885,6 +973,8 @@ def load_buffer(
         member: The member to read from a checkpoint of a :class:`BufferMixture`
             (pass the whole mixture as ``replay_buffer`` to restore every member).
         rank: The rank whose buffer to read from a checkpoint of a DDP run.
+        verify: What is checked before the buffer is touched
+            (see :func:`~rb_lightning.buffer_format.read_manifest`).
 
     Returns:
         The batches the run had read ahead of the saved step (for an exact resume).
@@ -905,7 +995,7 @@ def load_buffer(
     location = Path(path)
     checkpoint = checkpoint_path_of(location)
     if checkpoint is None or (location.is_dir() and (location / MANIFEST).is_file()):
-        return buffer_format.load_buffer(replay_buffer, location)
+        return buffer_format.load_buffer(replay_buffer, location, verify=verify)
     state = checkpoint_buffer_state(read_torch_file(checkpoint))
     if state is None:
         raise BufferCheckpointError(
@@ -913,10 +1003,10 @@ def load_buffer(
             "is a ReplayBufferDataModule."
         )
     if state.get("location") == "mixture" and isinstance(replay_buffer, BufferMixture):
-        return restore_mixture_state(replay_buffer, state, checkpoint)
+        return restore_mixture_state(replay_buffer, state, checkpoint, verify=verify)
     with checkpoint_dumps(state, checkpoint) as dumps:
         name = _pick_dump(dumps, state, checkpoint, member=member, rank=rank)
-        return buffer_format.load_buffer(replay_buffer, dumps[name])
+        return buffer_format.load_buffer(replay_buffer, dumps[name], verify=verify)
 
 
 def _pick_dump(

@@ -20,7 +20,9 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from rb_lightning import torchrl_compat
 from rb_lightning.checkpoint import (
     DEFAULT_INLINE_MAX_BYTES,
+    Verify,
     buffer_state,
+    check_verify_mode,
     ensure_generator,
     install_checkpoint_io,
     mixture_state,
@@ -168,6 +170,14 @@ class ReplayBufferDataModule(LightningDataModule):
             at most this many bytes (default 64 MiB) go inside the ``.ckpt``;
             larger ones are written beside it, in ``<ckpt>.buffer/``. ``0``:
             always beside. See README "Resume".
+        checkpoint_verify: What a resume checks in the saved buffer before
+            loading it. ``"full"`` (default): the size and the ``xxh3_64``
+            checksum of every file, so a flipped byte stops the resume with a
+            :class:`~rb_lightning.checkpoint.BufferCheckpointError` naming the
+            file and column. ``"size"``: file sizes only (for multi-GB buffers
+            on disks you trust: no read of the data before loading it).
+            ``"none"``: nothing but a readable manifest. Checksums are written
+            with every checkpoint whatever this says (docs/checkpoints.md).
         invalid_priority: What :meth:`update_priority` does with NaN, infinite
             or negative priorities (one of them poisons a ``PrioritizedSampler``
             for good). ``"raise"`` (default): raise
@@ -228,6 +238,7 @@ class ReplayBufferDataModule(LightningDataModule):
         val_source: BufferSource | None = None,
         test_source: BufferSource | None = None,
         checkpoint_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        checkpoint_verify: Verify = "full",
         eval_from_model: bool = False,
         invalid_priority: InvalidPriority = "raise",
     ) -> None:
@@ -302,6 +313,7 @@ class ReplayBufferDataModule(LightningDataModule):
         self.checkpoint_inline_max_bytes = check_non_negative_int(
             checkpoint_inline_max_bytes, "checkpoint_inline_max_bytes"
         )
+        self.checkpoint_verify = check_verify_mode(checkpoint_verify, "checkpoint_verify")
         self.invalid_priority = check_invalid_priority_mode(invalid_priority)
         #: NaN, infinite or negative priorities replaced so far (``invalid_priority="replace"``).
         self.replaced_priorities = 0
@@ -767,11 +779,17 @@ class ReplayBufferDataModule(LightningDataModule):
             # Rank 0 loads the actor; every rank waits for it before sampling (collective).
             install_checkpoint_io(trainer)
             path = trainer.ckpt_path if trainer is not None else None
-            restore_remote_buffer_state(self.replay_buffer, buffer, path, trainer)
+            restore_remote_buffer_state(
+                self.replay_buffer, buffer, path, trainer, verify=self.checkpoint_verify
+            )
         elif buffer is not None and isinstance(self.replay_buffer, BufferMixture):
             install_checkpoint_io(trainer)
             path = trainer.ckpt_path if trainer is not None else None
-            self._stream.replay_first(restore_mixture_state(self.replay_buffer, buffer, path))
+            self._stream.replay_first(
+                restore_mixture_state(
+                    self.replay_buffer, buffer, path, verify=self.checkpoint_verify
+                )
+            )
         elif buffer is not None:
             install_checkpoint_io(trainer)
             restored = restore_buffer_state(
@@ -780,6 +798,7 @@ class ReplayBufferDataModule(LightningDataModule):
                 trainer.ckpt_path if trainer is not None else None,
                 rank=trainer.global_rank if trainer is not None else 0,
                 world_size=trainer.world_size if trainer is not None else 1,
+                verify=self.checkpoint_verify,
             )
             self._stream.replay_first(restored)
 

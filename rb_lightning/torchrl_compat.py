@@ -218,6 +218,27 @@ def buffer_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
 
 
 @contextlib.contextmanager
+def overwriting_scratch_files(storage: Storage) -> Iterator[None]:
+    """Let a restore create a ``LazyMemmapStorage``'s files over those already in its ``scratch_dir``.
+
+    A storage built with a fixed ``scratch_dir`` refuses to create a file that
+    exists (``existsok=False``), and a resumed run always finds its previous
+    process's files there. A restore replaces the buffer's content anyway, so
+    for its duration the storage may overwrite (and resize) them.
+    """
+    scratch_dir = getattr(storage, "scratch_dir", None)
+    if getattr(storage, "initialized", True) or not scratch_dir or not hasattr(storage, "existsok"):
+        yield
+        return
+    existsok = storage.existsok
+    storage.existsok = True
+    try:
+        yield
+    finally:
+        storage.existsok = existsok
+
+
+@contextlib.contextmanager
 def without_generator(replay_buffer: ReplayBuffer) -> Iterator[None]:
     """Detach the buffer's own reference to its generator for the duration of the block.
 

@@ -10,8 +10,9 @@ the ``.ckpt``. At the save of step :data:`KILL_STEP` the process kills itself at
   handed to the async writer yet (save of ``KILL_TARGET``).
 * ``during_write``: in the async writer thread, a slow write (1 s) that dies before the
   ``.ckpt`` is on disk; training goes on meanwhile (save of ``KILL_TARGET``).
-* ``after_write``: in the writer thread, the ``.ckpt`` is written, older versions not yet
-  deleted (save of ``KILL_TARGET``).
+* ``after_write``: in the writer thread, Lightning's writer has written the ``.ckpt`` (to the
+  partial name rb_lightning renames into place), older versions not yet deleted (save of
+  ``KILL_TARGET``).
 * ``after_delete``: at the next step, once the older versions and the previous top-1
   checkpoint are gone.
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from resume_helpers import Recorder, buffer_ids, items, make_buffer, make_trainer
 from tensordict import TensorDict
 from torchrl.data import ListStorage, ReplayBuffer
@@ -48,6 +49,9 @@ def _reseal(root: Path) -> None:
     }
     manifest["files"] = files
     manifest["crc32"] = {name: zlib.crc32((root / name).read_bytes()) for name in files}
+    manifest["xxh3_64"] = {
+        name: xxhash.xxh3_64_hexdigest((root / name).read_bytes()) for name in files
+    }
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 

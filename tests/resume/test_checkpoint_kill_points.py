@@ -1,0 +1,130 @@
+"""A save killed before any of its filesystem steps leaves the old or the new checkpoint loadable.
+
+The save of a ``.ckpt`` with its buffer beside it (``BufferCheckpointIO``, Lightning's own
+``TorchCheckpointIO`` below it) creates directories, writes files, renames and deletes. A
+forked child overwrites ``last.ckpt`` with a bigger buffer and SIGKILLs itself just before its
+k-th such step (seen through Python's audit hooks: nothing in the save is replaced), for every
+k; the parent then loads what is on disk. A killed process keeps what it wrote in the page
+cache, so this tests process death; ``fsync`` before each rename covers a machine crash, which
+no test here can cause.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from rb_lightning.checkpoint import (
+    BufferCheckpointError,
+    BufferCheckpointIO,
+    buffer_state,
+    restore_buffer_state,
+)
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+CAPACITY = 64
+OLD, NEW = 20, 28  # items in the previous and in the new checkpoint
+# Audit events of a save that change the filesystem (os.open for fsync is read-only).
+_CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "shutil.move"}
+
+
+def _buffer(n: int) -> ReplayBuffer:
+    rb = ReplayBuffer(storage=LazyTensorStorage(CAPACITY), generator=torch.Generator())
+    rb.extend(TensorDict({"id": torch.arange(n), "obs": torch.randn(n, 8)}, batch_size=[n]))
+    return rb
+
+
+def _save(rb: ReplayBuffer, path: Path) -> None:
+    checkpoint = {"datamodule": {"buffer": buffer_state(rb, inline_max_bytes=0)}}
+    BufferCheckpointIO().save_checkpoint(checkpoint, path)
+
+
+def _changes(root: Path, event: str, args: tuple) -> bool:
+    if not any(str(root) in str(arg) for arg in args if isinstance(arg, (str, os.PathLike))):
+        return False
+    if event == "open":  # (path, mode, flags): writes only
+        mode, flags = args[1], args[2]
+        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+        return (isinstance(mode, str) and mode[:1] in "wax+") or (
+            isinstance(flags, int) and flags & writes
+        )
+    return event in _CHANGES
+
+
+def _save_in_child(root: Path, kill_at: int) -> int:
+    """Fork; the child saves the new checkpoint, dying before change ``kill_at`` (0: never).
+
+    Returns how many changes the child's save made (when it was not killed), else -9.
+    """
+    rb = _buffer(NEW)  # built here: what torchrl registers at build time is released here
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            torch.set_num_threads(1)
+            seen = [0]
+
+            def hook(event: str, args: tuple) -> None:
+                if _changes(root, event, args):
+                    seen[0] += 1
+                    if seen[0] == kill_at:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            sys.addaudithook(hook)
+            _save(rb, root / "last.ckpt")
+            os.write(write, str(seen[0]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        reported = pipe.read()
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return -9
+    assert os.WEXITSTATUS(status) == 0 and reported, "the child's save failed"
+    return int(reported)
+
+
+def _loaded_items(path: Path) -> int:
+    checkpoint = BufferCheckpointIO().load_checkpoint(path, weights_only=True)
+    target = ReplayBuffer(storage=LazyTensorStorage(CAPACITY))
+    restore_buffer_state(target, checkpoint["datamodule"]["buffer"], path)
+    return len(target)
+
+
+def test_a_save_killed_before_any_of_its_steps_leaves_old_or_new(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    _save(_buffer(OLD), reference / "last.ckpt")
+    steps = _save_in_child(reference, kill_at=0)
+    assert _loaded_items(reference / "last.ckpt") == NEW
+    assert steps >= 8, "the save made fewer filesystem changes than a dump, a rename and a .ckpt"
+
+    outcomes = []
+    for kill_at in range(1, steps + 1):
+        root = tmp_path / f"kill-{kill_at}"
+        root.mkdir()
+        _save(_buffer(OLD), root / "last.ckpt")
+        assert _save_in_child(root, kill_at) == -9
+        try:
+            outcomes.append(_loaded_items(root / "last.ckpt"))
+        except BufferCheckpointError as error:
+            pytest.fail(f"killed before change {kill_at} of {steps}: {error}")
+        # The next save clears what the dead one left and writes a checkpoint as usual.
+        _save(_buffer(NEW), root / "last.ckpt")
+        assert _loaded_items(root / "last.ckpt") == NEW
+        assert len(list((root / "last.ckpt.buffer").iterdir())) == 1
+        assert [entry.name for entry in root.iterdir() if entry.name.startswith(".")] == []
+    # Early kills keep the previous checkpoint, late ones (after the rename) the new one.
+    assert set(outcomes) == {OLD, NEW}
+    assert outcomes == sorted(outcomes)
