@@ -8,7 +8,7 @@ At the end of ``fit`` (and when it is interrupted with Ctrl-C) it draws the
 logged metrics into ``curves.png`` in the run directory (needs matplotlib, the
 ``plot`` extra, and Lightning's ``CSVLogger``) and prints, for example::
 
-    fit stopped at step 9,800 after 24.7 s: goal reached, episode_return 500.00 >= 475.0
+    fit stopped at step 9,800 after 21.7 s: goal reached, episode_return 500.00 >= 475.0
       episode_return 500 | frames 20,464 | loss 0.03278
       checkpoint  runs/cartpole_dqn/version_0/checkpoints/last.ckpt (step 9,800)
       metrics     runs/cartpole_dqn/version_0/metrics.csv
