@@ -147,9 +147,10 @@ class ReplayBufferCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Resolve ``--ckpt_path`` and choose the run directory before anything is built.
 
-        ``last`` is the most recent ``last.ckpt`` of this config's runs; ``fit``
-        resumed from it logs into that run's directory. ``validate``/``test``
-        write no run directory of their own (they print their metrics).
+        ``last`` is the checkpoint of the run started last (:meth:`_last_checkpoint`);
+        ``fit`` resumed from a run's checkpoint logs into that run's directory.
+        ``validate``/``test`` write no run directory of their own (they print
+        their metrics).
         """
         if self.subcommand is None:
             return
@@ -178,7 +179,7 @@ class ReplayBufferCLI(LightningCLI):
                 # The run goes on in its own directory; rows its earlier process logged
                 # after this checkpoint are dropped (RunLogger's purge_step).
                 _set_logger_args(trainer, version=found.run_dir.name, purge_step=found.step)
-            print(_resume_line(self.subcommand, found, trainer), flush=True)
+            print(_resume_line(self.subcommand, found, trainer, in_own_run), flush=True)
         if self.subcommand != "fit" and _has_logger(trainer):
             trainer.logger = False
 
@@ -391,10 +392,14 @@ def _describe_run(run_dir: Path) -> str:
     return f"{_shown(path)} ({_describe_end(read_run_checkpoint(path))})" if path else f"{run_dir}"
 
 
-def _resume_line(subcommand: str, found: RunCheckpoint, trainer: Namespace) -> str:
+def _resume_line(
+    subcommand: str, found: RunCheckpoint, trainer: Namespace, in_own_run: bool
+) -> str:
     step = "an unknown step" if found.step is None else f"step {found.step:,}"
     if subcommand != "fit":
         return f"{subcommand}: the model of {_shown(found.path)} ({step})"
+    if not in_own_run:  # a checkpoint outside this config's run directories
+        return f"fit: resuming from {_shown(found.path)} ({step})"
     if found.finished:
         max_steps = trainer.get("max_steps")
         bound = f" to max_steps={max_steps:,}" if max_steps is not None and max_steps > 0 else ""
