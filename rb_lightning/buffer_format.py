@@ -77,6 +77,7 @@ from torchrl.data.replay_buffers.storages import (
 )
 
 from rb_lightning import torchrl_compat
+from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError
 from rb_lightning.sharding import is_remote
 
 __all__ = [
@@ -149,14 +150,6 @@ _READ_CHUNK_BYTES = 64 * 1024**2
 #: checksum, ``"size"`` every file's size, ``"none"`` only that the manifest is readable.
 Verify = Literal["full", "size", "none"]
 VERIFY_MODES: tuple[str, ...] = ("full", "size", "none")
-
-
-class BufferCheckpointError(RuntimeError):
-    """A checkpointed replay buffer is missing, incomplete or does not match its manifest."""
-
-
-class NotEnoughDiskSpaceError(BufferCheckpointError):
-    """The filesystem a buffer dump goes to has less free space than the dump needs."""
 
 
 # -- sizes and RNG -----------------------------------------------------------------------------

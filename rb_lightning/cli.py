@@ -39,7 +39,7 @@ from tensordict.utils import NestedKey
 from rb_lightning import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
-from rb_lightning.errors import UsageError
+from rb_lightning.errors import ConfigError, UsageError
 from rb_lightning.progress import StepProgressBar
 from rb_lightning.report import RunReport
 from rb_lightning.runs import (
@@ -67,18 +67,6 @@ _DESCRIPTION = (
     "Train, validate or test a run described by a LightningCLI config. A shipped config runs "
     "by name (--config cartpole_dqn); `rb-lightning configs` lists them and copies one out."
 )
-
-
-class ConfigError(Exception):
-    """A config that cannot be parsed or instantiated; ``str(err)`` is the one-paragraph message.
-
-    Attributes:
-        key: The config key at fault, e.g. ``"data.init_args.replay_buffer.init_args.storage"``.
-    """
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"config error at {key}: {message}" if key else f"config error: {message}")
-        self.key = key
 
 
 # -- nested keys --------------------------------------------------------------------------------

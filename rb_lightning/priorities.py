@@ -27,15 +27,13 @@ from typing import Any, Literal
 
 import torch
 
+from rb_lightning.errors import InvalidPriorityError
+
 logger = logging.getLogger(__name__)
 
 #: What to do with a NaN, infinite or negative priority.
 InvalidPriority = Literal["raise", "replace"]
 INVALID_PRIORITY_MODES = ("raise", "replace")
-
-
-class InvalidPriorityError(ValueError):
-    """Priorities handed to ``update_priority`` hold NaN, infinite or negative values."""
 
 
 def check_invalid_priority_mode(value: Any, name: str = "invalid_priority") -> InvalidPriority:

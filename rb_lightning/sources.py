@@ -42,26 +42,8 @@ from typing import Any
 
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.errors import SourceError
 from rb_lightning.torchrl_compat import DUMPS_MARKER, is_dumps_directory, loads_with_strings
-
-
-class SourceError(RuntimeError):
-    """A source could not fill the buffer (e.g. a saved directory that does not match it).
-
-    Args:
-        message: What went wrong and the fix, in one paragraph.
-        argument: The DataModule argument that held the source (``"source"``,
-            ``"val_source"``, ``"test_source"``); the command line names it.
-
-    Examples:
-        >>> err = SourceError("no such directory", argument="val_source")
-        >>> err.argument, str(err)
-        ('val_source', 'no such directory')
-    """
-
-    def __init__(self, message: str, *, argument: str = "source") -> None:
-        super().__init__(message)
-        self.argument = argument
 
 
 class BufferSource(ABC):
