@@ -1,0 +1,155 @@
+"""Seeded sampling of completions from a causal LM, and the per-token log-probs of a completion.
+
+Sequences are laid out as ``[left-padded prompt | completion, eos, right padding]``
+with a fixed prompt width, so the token ``t`` of a completion is always at
+column ``prompt_width + t``; position ids count attended tokens only, so left
+padding does not shift the positions a model sees. The same layout is used when
+completions are generated, when their behaviour log-probs are computed, and
+when they are trained on, so the log-probs of the current policy on its own
+completions match the stored ones.
+
+Sampling draws from an explicit ``torch.Generator``: the same generator state
+gives the same completions (``transformers``' ``generate`` draws from torch's
+global RNG).
+
+Examples:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from rb_lightning.llm.data import make_tokenizer
+    >>> from rb_lightning.llm.generation import encode_prompts, sample_completions
+    >>> tok = make_tokenizer()
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=18, hidden_size=16,
+    ...     intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    >>> ids, mask = encode_prompts(tok, ["1+2=", "12+30="], width=8)
+    >>> out = sample_completions(model, ids, mask, max_new_tokens=3, eos_token_id=1,
+    ...                          pad_token_id=0, generator=torch.Generator().manual_seed(0))
+    >>> out.completion_ids.shape, out.completion_mask.shape
+    (torch.Size([2, 3]), torch.Size([2, 3]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rb_lightning.errors import UsageError
+
+
+@dataclass
+class Completions:
+    """Sampled completions: token ids ``[N, C]`` (padded after eos) and their mask (1 up to eos)."""
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: Sequence[str], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask of ``prompts``, left-padded to ``width`` columns."""
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.int64)
+    mask = torch.zeros((len(encoded), width), dtype=torch.int64)
+    for row, tokens in enumerate(encoded):
+        if len(tokens) > width:
+            raise UsageError(
+                "prompt_width",
+                f"The prompt {prompts[row]!r} has {len(tokens)} tokens, more than "
+                f"prompt_width={width}. Raise prompt_width (and the model's "
+                "max_position_embeddings if needed) or use shorter prompts.",
+            )
+        if tokens:
+            ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
+    return ids, mask
+
+
+def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, attention_mask=mask, position_ids=_position_ids(mask)).logits
+
+
+@torch.no_grad()
+def sample_completions(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    greedy: bool = False,
+) -> Completions:
+    """Sample (or, ``greedy``, decode) up to ``max_new_tokens`` tokens after each prompt.
+
+    A completion ends with its eos token (included, masked 1); what follows is
+    ``pad_token_id``, masked 0. Draws come from ``generator`` (on the model's
+    device), one ``torch.multinomial`` call per token.
+    """
+    n = prompt_ids.shape[0]
+    device = prompt_ids.device
+    ids, mask = prompt_ids, prompt_mask
+    completion = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.int64, device=device)
+    completion_mask = torch.zeros((n, max_new_tokens), dtype=torch.int64, device=device)
+    running = torch.ones(n, dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        logits = _logits(model, ids, mask)[:, -1].float()
+        if greedy:
+            token = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        token = torch.where(running, token, torch.full_like(token, pad_token_id))
+        completion[:, t] = token
+        completion_mask[:, t] = running.long()
+        running = running & (token != eos_token_id)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        mask = torch.cat([mask, completion_mask[:, t : t + 1]], dim=1)
+        if not running.any():
+            break
+    return Completions(completion, completion_mask)
+
+
+def completion_log_probs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_width: int,
+    *,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probability ``[N, C]`` of each completion token under ``model`` (``C = L - prompt_width``).
+
+    ``input_ids`` / ``attention_mask`` are whole sequences in this module's
+    layout; the values at masked completion positions are meaningless (mask them).
+    """
+    logits = _logits(model, input_ids, attention_mask)[:, prompt_width - 1 : -1].float()
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+    targets = input_ids[:, prompt_width:]
+    return log_probs.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def decode_completions(tokenizer: Any, completion_ids: torch.Tensor) -> list[str]:
+    """The text of each completion, without its eos and padding."""
+    return [
+        tokenizer.decode(row, skip_special_tokens=True) for row in completion_ids.cpu().tolist()
+    ]
+
+
+__all__ = [
+    "Completions",
+    "completion_log_probs",
+    "decode_completions",
+    "encode_prompts",
+    "sample_completions",
+]

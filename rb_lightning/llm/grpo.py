@@ -1,0 +1,375 @@
+"""``GRPOModule``: online GRPO for a causal LM, trained by Lightning from the DataModule's buffer.
+
+Each training step, at policy version ``v`` (the optimizer steps done so far):
+
+1. draws ``prompts_per_step`` arithmetic prompts (``"12+7="``) and samples
+   ``num_generations`` completions of each with the current policy, from a
+   generator seeded by ``(seed, rank, step)``;
+2. scores them with the reward functions (``"module:function"`` paths, TRL's
+   reward signature ``f(completions, prompts=...) -> list[float]``, summed),
+   and computes group-relative advantages ``(r - mean_group) / (std_group + 1e-4)``;
+3. writes the whole groups into the DataModule's buffer: ``prompt``,
+   ``completion``, ``input_ids``, ``attention_mask``, ``completion_mask``,
+   ``reward``, ``advantage``, ``group``, the behaviour policy's per-token
+   ``behaviour_log_probs`` and ``policy_version = v``;
+4. only then takes its batch from the DataModule (``training_step`` receives the
+   loader's iterator, so Lightning reads no batch ahead), sampled by a
+   :class:`~rb_lightning.llm.groups.GroupSampler` whose ``consumer_version`` it
+   sets to ``v``: with ``max_staleness: 0`` the batch is exactly this step's
+   groups (on-policy); with ``max_staleness: s`` groups of the last ``s``
+   versions are replayed;
+5. minimises the clipped GRPO objective against the stored behaviour log-probs
+   (token mean over the batch, TRL's ``loss_type="dapo"``), plus ``beta`` times
+   the k3 estimate of the KL to the starting model when ``beta > 0``.
+
+``validate`` / ``test`` decode greedily the prompts of the DataModule's
+``val_buffer`` / ``test_buffer`` and log ``val_accuracy`` / ``test_accuracy``.
+
+Examples:
+    See ``configs/llm_grpo.yaml``::
+
+        python train.py fit --config configs/llm_sft.yaml          # SFT start
+        python train.py fit --config configs/llm_grpo.yaml \\
+            --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
+from torchrl.data import ReplayBuffer
+
+from rb_lightning.errors import UsageError
+from rb_lightning.llm.data import arithmetic_reward, make_tokenizer, solve
+from rb_lightning.llm.generation import (
+    completion_log_probs,
+    decode_completions,
+    encode_prompts,
+    sample_completions,
+)
+from rb_lightning.llm.groups import GroupSampler
+from rb_lightning.policy_version import POLICY_VERSION_KEY
+from rb_lightning.sources import resolve_callable
+
+try:
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'rb_lightning.llm.grpo needs the "hf" extra: pip install "rb-lightning[hf]"'
+    ) from err
+
+DEFAULT_REWARDS = ("rb_lightning.llm.data:arithmetic_reward",)
+
+
+class GRPOModule(L.LightningModule):
+    """Online GRPO on the arithmetic task, with replay of whole groups through the DataModule.
+
+    Args:
+        config: The policy's ``transformers`` config (``LlamaConfig(...)``, as in
+            ``configs/llm_sft.yaml``).
+
+    Keyword Args:
+        init_from: A Lightning checkpoint of :class:`~rb_lightning.llm.module.CausalLMModule`
+            (``configs/llm_sft.yaml``'s ``last.ckpt``) whose weights start the
+            policy. ``None``: random weights (said in the first log line).
+        num_generations: Completions per prompt (the group size; the buffer's
+            ``GroupSampler(group_size=...)`` must match).
+        prompts_per_step: Prompts generated for each step. ``None``: one batch's
+            worth, ``batch_size // num_generations``.
+        max_new_tokens: Longest completion, in tokens (eos included).
+        temperature: Sampling temperature (also applied to the log-probs).
+        lr: AdamW learning rate.
+        clip_epsilon: Clip range of the importance ratio, ``[1 - eps, 1 + eps]``.
+        beta: Weight of the KL to the starting policy (``0``: none, no reference model).
+        rewards: Reward functions, ``"module:function"``; their sum is the reward.
+        max_operand: Largest operand of the generated prompts.
+        prompt_width: Columns of the left-padded prompts (tokens).
+        seed: Seed of the prompts and of the sampling (with the rank and the step).
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        *,
+        init_from: str | None = None,
+        num_generations: int = 8,
+        prompts_per_step: int | None = None,
+        max_new_tokens: int = 4,
+        temperature: float = 1.0,
+        lr: float = 1e-3,
+        clip_epsilon: float = 0.2,
+        beta: float = 0.0,
+        rewards: list[str] | None = None,
+        max_operand: int = 50,
+        prompt_width: int = 8,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(config, PretrainedConfig):
+            raise UsageError(
+                "config",
+                f"config must be a transformers PretrainedConfig (e.g. LlamaConfig(...)), got "
+                f"{type(config).__name__}.",
+            )
+        for name, value in (("num_generations", num_generations), ("max_new_tokens", max_new_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(name, f"{name} must be an int >= 1, got {value!r}.")
+        if num_generations < 2:
+            raise UsageError(
+                "num_generations",
+                "num_generations must be >= 2: a group-relative advantage compares each "
+                "completion with the others of its prompt.",
+            )
+        self.save_hyperparameters()
+        self.model = AutoModelForCausalLM.from_config(config)
+        self.init_from = init_from
+        if init_from is not None:
+            self._load_weights(init_from)
+        self.ref_model = None
+        if beta > 0:
+            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.tokenizer = make_tokenizer()
+        self.reward_names = list(rewards if rewards is not None else DEFAULT_REWARDS)
+        self.reward_functions = [resolve_callable(name) for name in self.reward_names]
+        self.prompts_per_step = prompts_per_step
+        self._buffer: ReplayBuffer | None = None
+        self._sampler: GroupSampler | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+    def _load_weights(self, path: str) -> None:
+        file = Path(path)
+        if not file.is_file():
+            raise UsageError(
+                "init_from",
+                f"init_from={path!r}: no such file. Give the last.ckpt of an SFT run "
+                "(python train.py fit --config configs/llm_sft.yaml writes "
+                "runs/llm_sft/version_<N>/checkpoints/last.ckpt), or drop init_from to start "
+                "from random weights.",
+            )
+        # A Lightning checkpoint the user made: it holds the SFT run's buffer too.
+        state = torch.load(file, map_location="cpu", weights_only=False)
+        weights = {
+            k.removeprefix("model."): v
+            for k, v in state.get("state_dict", {}).items()
+            if k.startswith("model.")
+        }
+        try:
+            self.model.load_state_dict(weights)
+        except RuntimeError as err:
+            raise UsageError(
+                "init_from",
+                f"init_from={path!r} does not fit this model: {str(err).splitlines()[0]} "
+                "Give model.init_args.config the architecture the checkpoint was trained with "
+                "(the llm_sft.yaml model block).",
+            ) from None
+
+    def setup(self, stage: str) -> None:
+        """Say where the policy starts; check the buffer's sampler and batch size (fit)."""
+        if stage != "fit":
+            return
+        # Taking the loader's iterator is what keeps Lightning from sampling a batch ahead
+        # of this step's generation; Lightning calls that signature experimental.
+        warnings.filterwarnings("ignore", message="Found `dataloader_iter` argument")
+        if self.init_from is None:
+            rank_zero_info(
+                "GRPO starts from scratch: random weights, which cannot learn arithmetic from a "
+                "reward alone. Pass --model.init_from <last.ckpt of configs/llm_sft.yaml>."
+            )
+        else:
+            rank_zero_info(f"GRPO starts from the weights of {self.init_from}")
+        datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's connectors
+        buffer = getattr(datamodule, "replay_buffer", None)
+        sampler = getattr(buffer, "sampler", None)
+        group = self.hparams.num_generations
+        if not isinstance(buffer, ReplayBuffer) or not isinstance(sampler, GroupSampler):
+            raise UsageError(
+                "data.init_args.replay_buffer.init_args.sampler",
+                f"GRPOModule trains on whole groups: the DataModule's replay buffer needs a "
+                f"sampler rb_lightning.llm.groups.GroupSampler(group_size={group}), it has "
+                f"{type(sampler).__name__}. See configs/llm_grpo.yaml.",
+            )
+        if sampler.group_size != group:
+            raise UsageError(
+                "data.init_args.replay_buffer.init_args.sampler.init_args.group_size",
+                f"GroupSampler(group_size={sampler.group_size}) but GRPOModule(num_generations="
+                f"{group}): a group is the num_generations completions of a prompt. Set both to "
+                "the same number.",
+            )
+        batch_size = int(datamodule.batch_size)
+        sampler.check_batch_size(batch_size, "data.init_args.batch_size")
+        if self.prompts_per_step is None:
+            self.prompts_per_step = batch_size // group
+        self._buffer, self._sampler = buffer, sampler
+
+    # -- generation -------------------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        """Optimizer updates applied to the policy so far (the global step)."""
+        return int(self.global_step)
+
+    def _generator(self, step: int) -> torch.Generator:
+        # A function of (seed, rank, step) only: a resumed run draws what the straight one did.
+        seed = (self.hparams.seed * 1_000_003 + self.global_rank) * 1_000_003 + step
+        return torch.Generator(device=self.device).manual_seed(seed % (2**63))
+
+    def _prompts(self, n: int, generator: torch.Generator) -> list[str]:
+        top = self.hparams.max_operand + 1
+        pairs = torch.randint(0, top, (n, 2), generator=generator, device=self.device).tolist()
+        return [f"{a}+{b}=" for a, b in pairs]
+
+    def score(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
+        """The summed reward of each completion."""
+        total = torch.zeros(len(prompts), dtype=torch.float32)
+        for function in self.reward_functions:
+            total += torch.tensor(function(completions, prompts=prompts), dtype=torch.float32)
+        return total
+
+    @torch.no_grad()
+    def generate_groups(self, step: int) -> TensorDict:
+        """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU)."""
+        hp = self.hparams
+        generator = self._generator(step)
+        n_prompts = int(self.prompts_per_step or 1)
+        prompts = self._prompts(n_prompts, generator)
+        repeated = [p for p in prompts for _ in range(hp.num_generations)]
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, repeated, hp.prompt_width)
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        was_training = self.model.training
+        self.model.eval()
+        out = sample_completions(
+            self.model, prompt_ids, prompt_mask, max_new_tokens=hp.max_new_tokens,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            generator=generator, temperature=hp.temperature,
+        )  # fmt: skip
+        input_ids = torch.cat([prompt_ids, out.completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, out.completion_mask], dim=1)
+        behaviour = completion_log_probs(
+            self.model, input_ids, attention_mask, hp.prompt_width, temperature=hp.temperature
+        )
+        self.model.train(was_training)
+        completions = decode_completions(self.tokenizer, out.completion_ids)
+        reward = self.score(repeated, completions)
+        grouped = reward.view(n_prompts, hp.num_generations)
+        advantage = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
+        first = (step * self.trainer.world_size + self.global_rank) * n_prompts
+        group = torch.arange(first, first + n_prompts).repeat_interleave(hp.num_generations)
+        n = len(repeated)
+        columns: dict[str, Any] = {
+            "prompt": NonTensorStack(*repeated),
+            "completion": NonTensorStack(*completions),
+            "input_ids": input_ids.cpu(),
+            "attention_mask": attention_mask.cpu(),
+            "completion_mask": out.completion_mask.cpu(),
+            "behaviour_log_probs": behaviour.cpu(),
+            "reward": reward,
+            "advantage": advantage.reshape(-1),
+            "group": group,
+            POLICY_VERSION_KEY: torch.full((n,), step, dtype=torch.int64),
+        }
+        if self.ref_model is not None:
+            columns["ref_log_probs"] = completion_log_probs(
+                self.ref_model, input_ids, attention_mask, hp.prompt_width,
+                temperature=hp.temperature,
+            ).cpu()  # fmt: skip
+        return TensorDict(columns, batch_size=[n])
+
+    # -- training ---------------------------------------------------------------------------
+    def grpo_loss(self, batch: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped GRPO objective of ``batch`` (token mean) and what to log about it."""
+        hp = self.hparams
+        logp = completion_log_probs(
+            self.model, batch["input_ids"], batch["attention_mask"], hp.prompt_width,
+            temperature=hp.temperature,
+        )  # fmt: skip
+        mask = batch["completion_mask"].to(logp.dtype)
+        log_ratio = logp - batch["behaviour_log_probs"]
+        ratio = log_ratio.exp()
+        advantage = batch["advantage"].to(logp.dtype)[:, None]
+        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        per_token = -torch.minimum(ratio * advantage, clipped * advantage)
+        stats = {}
+        if self.ref_model is not None and hp.beta > 0:
+            delta = batch["ref_log_probs"] - logp
+            kl = delta.exp() - delta - 1
+            per_token = per_token + hp.beta * kl
+            stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
+        tokens = mask.sum().clamp(min=1)
+        loss = (per_token * mask).sum() / tokens
+        with torch.no_grad():
+            stats["clip_fraction"] = ((ratio != clipped).to(mask.dtype) * mask).sum() / tokens
+        return loss, stats
+
+    def training_step(self, dataloader_iter: Iterator[Any]) -> torch.Tensor:
+        """Generate this step's groups into the buffer, then train on the batch sampled after."""
+        if self._buffer is None or self._sampler is None:
+            raise RuntimeError("GRPOModule.setup('fit') did not run")
+        start = time.perf_counter()
+        version = self.policy_version
+        groups = self.generate_groups(version)
+        self._buffer.extend(groups)
+        self._sampler.consumer_version = version
+        batch, _, _ = next(dataloader_iter)
+        if isinstance(batch, TensorDictBase) and batch.device != self.device:
+            batch = batch.to(self.device)
+        loss, stats = self.grpo_loss(batch)
+        lengths = groups["completion_mask"].sum(-1).float()
+        staleness = (version - batch[POLICY_VERSION_KEY].double()).mean()
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        size = batch.shape[0]
+        self.log("train_loss", loss, prog_bar=True, batch_size=size)
+        self.log("reward_mean", groups["reward"].mean(), prog_bar=True, batch_size=size)
+        self.log("reward_std", groups["reward"].std(), batch_size=size)
+        self.log("completion_length", lengths.mean(), batch_size=size)
+        self.log("replay/staleness_mean", staleness.float(), batch_size=size)
+        self.log("tokens_per_s", float(lengths.sum()) / elapsed, batch_size=size)
+        for name, value in stats.items():
+            self.log(name, value, batch_size=size)
+        return loss
+
+    # -- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def greedy_accuracy(self, prompts: list[str]) -> torch.Tensor:
+        """Fraction of ``prompts`` whose greedy completion is the right answer."""
+        hp = self.hparams
+        ids, mask = encode_prompts(self.tokenizer, prompts, hp.prompt_width)
+        out = sample_completions(
+            self.model, ids.to(self.device), mask.to(self.device),
+            max_new_tokens=hp.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, greedy=True,
+        )  # fmt: skip
+        correct = arithmetic_reward(decode_completions(self.tokenizer, out.completion_ids), prompts)
+        return torch.tensor(correct).mean()
+
+    def _evaluate(self, batch: TensorDictBase, name: str) -> torch.Tensor:
+        prompts = [str(p) for p in batch["prompt"]]
+        if any(solve(p) is None for p in prompts):
+            raise UsageError(
+                "data.init_args.val_buffer",
+                "GRPOModule evaluates arithmetic prompts ('12+7='); the evaluation buffer's "
+                "'prompt' column holds others. Fill it with rb_lightning.llm.data:"
+                "fill_arithmetic_buffer.",
+            )
+        accuracy = self.greedy_accuracy(prompts)
+        self.log(name, accuracy, prog_bar=True, batch_size=len(prompts))
+        return accuracy
+
+    def validation_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "val_accuracy")
+
+    def test_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "test_accuracy")
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=0.0)
+
+
+__all__ = ["DEFAULT_REWARDS", "GRPOModule"]
