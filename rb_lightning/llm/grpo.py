@@ -130,6 +130,11 @@ class GRPOModule(L.LightningModule):
                 "completion with the others of its prompt.",
             )
         self.save_hyperparameters()
+        # Taking the loader's iterator (training_step(dataloader_iter)) is what keeps Lightning
+        # from sampling a batch before this step's generation; Lightning warns that the
+        # signature is experimental, which a user of this module can do nothing about.
+        for message in ("Found `dataloader_iter` argument", "You are using the `dataloader_iter`"):
+            warnings.filterwarnings("ignore", message=message)
         self.model = AutoModelForCausalLM.from_config(config)
         self.init_from = init_from
         if init_from is not None:
@@ -176,9 +181,6 @@ class GRPOModule(L.LightningModule):
         """Say where the policy starts; check the buffer's sampler and batch size (fit)."""
         if stage != "fit":
             return
-        # Taking the loader's iterator is what keeps Lightning from sampling a batch ahead
-        # of this step's generation; Lightning calls that signature experimental.
-        warnings.filterwarnings("ignore", message="Found `dataloader_iter` argument")
         if self.init_from is None:
             rank_zero_info(
                 "GRPO starts from scratch: random weights, which cannot learn arithmetic from a "
