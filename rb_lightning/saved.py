@@ -313,7 +313,7 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
     """A ``ReplayBuffer`` with the storage, sampler and writer classes a manifest records."""
     names = {part: build.get(part) for part in ("storage", "sampler", "writer")}
     if names["storage"] not in _STORAGES or not all(
-        isinstance(getattr(torchrl.data, str(name), None), type) for name in names.values()
+        isinstance(_class_named(str(name)), type) for name in names.values()
     ):
         raise UsageError(
             "path",
@@ -325,8 +325,8 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
     storage = getattr(torchrl.data, names["storage"])(max_size=int(build["capacity"]))
     settings = dict(build.get("sampler_settings") or {})
     try:
-        sampler = getattr(torchrl.data, str(names["sampler"]))(**settings)
-        writer = getattr(torchrl.data, str(names["writer"]))()
+        sampler = _class_named(str(names["sampler"]))(**settings)
+        writer = _class_named(str(names["writer"]))()
     except TypeError as error:
         raise UsageError(
             "path",
@@ -335,6 +335,15 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
             "with rb_lightning.checkpoint.load_buffer(rb, path).",
         ) from None
     return ReplayBuffer(storage=storage, sampler=sampler, writer=writer)
+
+
+def _class_named(name: str) -> Any:
+    """The torchrl class ``name``, or rb_lightning's own sampler of that name (``None``: neither)."""
+    if name == "GroupSampler":
+        from rb_lightning.llm.groups import GroupSampler
+
+        return GroupSampler
+    return getattr(torchrl.data, name, None)
 
 
 def _buffer_of(items: TensorDictBase) -> ReplayBuffer:

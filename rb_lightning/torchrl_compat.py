@@ -286,6 +286,7 @@ SAMPLER_SETTINGS: dict[str, str] = {
     "_max_capacity": "max_capacity",
     "drop_last": "drop_last",
     "shuffle": "shuffle",
+    "group_size": "group_size",  # rb_lightning.llm.groups.GroupSampler
 }
 
 

@@ -178,16 +178,9 @@ class GRPOModule(L.LightningModule):
             ) from None
 
     def setup(self, stage: str) -> None:
-        """Say where the policy starts; check the buffer's sampler and batch size (fit)."""
+        """Check the buffer's sampler and the batch size (fit)."""
         if stage != "fit":
             return
-        if self.init_from is None:
-            rank_zero_info(
-                "GRPO starts from scratch: random weights, which cannot learn arithmetic from a "
-                "reward alone. Pass --model.init_from <last.ckpt of configs/llm_sft.yaml>."
-            )
-        else:
-            rank_zero_info(f"GRPO starts from the weights of {self.init_from}")
         datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's connectors
         buffer = getattr(datamodule, "replay_buffer", None)
         sampler = getattr(buffer, "sampler", None)
@@ -211,6 +204,21 @@ class GRPOModule(L.LightningModule):
         if self.prompts_per_step is None:
             self.prompts_per_step = batch_size // group
         self._buffer, self._sampler = buffer, sampler
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed = True
+
+    def on_fit_start(self) -> None:
+        """Say where the policy starts (a resumed run: the CLI names the checkpoint)."""
+        if getattr(self, "_resumed", False):
+            return
+        if self.init_from is None:
+            rank_zero_info(
+                "GRPO starts from scratch: random weights, which cannot learn arithmetic from a "
+                "reward alone. Pass --model.init_from <last.ckpt of configs/llm_sft.yaml>."
+            )
+        else:
+            rank_zero_info(f"GRPO starts from the weights of {self.init_from}")
 
     # -- generation -------------------------------------------------------------------------
     @property
