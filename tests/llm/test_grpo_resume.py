@@ -15,6 +15,8 @@ ARGS = [
     "fit", "--config", str(GRPO_CONFIG), *QUIET,
     "--data.init_args.replay_buffer.init_args.sampler.init_args.max_staleness=2",
     "--model.init_args.prompts_per_step=4",
+    # Partial credit: a random policy's rewards differ within a group, so the losses are not 0.
+    "--model.init_args.rewards=[rb_lightning.llm.data:arithmetic_partial_reward]",
 ]  # fmt: skip
 
 
@@ -38,6 +40,7 @@ def test_resumed_run_has_the_losses_and_buffer_of_the_straight_run(tmp_path):
     run_b = halves / "runs" / "llm_grpo" / "version_0"
     loss_a, loss_b = column(metrics(run_a), "train_loss"), column(metrics(run_b), "train_loss")
     assert sorted(loss_a) == sorted(loss_b) == list(range(8))
+    assert sum(abs(v) for v in loss_a.values()) > 1e-3
     for step in range(8):
         assert loss_a[step] == pytest.approx(loss_b[step], abs=1e-6), step
     reward_a, reward_b = column(metrics(run_a), "reward_mean"), column(metrics(run_b), "reward_mean")
