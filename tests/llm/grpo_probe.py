@@ -39,6 +39,7 @@ class GroupProbe(Callback):
             "step": trainer.global_step - 1,
             "groups": batch["group"].tolist(),
             "versions": batch["policy_version"].tolist(),
+            "prompts": [str(p) for p in batch["prompt"]],
         }
         with open(self.dirpath / f"rank{trainer.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(row) + "\n")

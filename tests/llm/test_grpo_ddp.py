@@ -1,0 +1,32 @@
+"""GRPO under DDP (gloo, 2 CPU processes): each rank trains on whole groups of its own."""
+
+from __future__ import annotations
+
+import pytest
+from grpo_probe import QUIET, probed_config, read_probe, train
+
+pytestmark = pytest.mark.hf
+
+
+def test_each_rank_trains_on_whole_groups_it_generated_itself(tmp_path):
+    config = probed_config(tmp_path)
+    done = train(
+        ["fit", "--config", str(config), "--trainer.max_steps=3", "--trainer.strategy=ddp",
+         "--trainer.devices=2", *QUIET],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ranks = [read_probe(tmp_path / "probe", rank) for rank in (0, 1)]
+    for rank, rows in enumerate(ranks):
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        for row in rows:
+            groups = row["groups"]
+            assert all(groups.count(g) == 8 for g in set(groups)), (rank, row)
+            # Group ids (step * world_size + rank) * prompts + j: this rank's, this step's.
+            first = (row["step"] * 2 + rank) * 8
+            assert sorted(set(groups)) == list(range(first, first + 8))
+            assert set(row["versions"]) == {row["step"]}
+    for step in range(3):
+        assert not set(ranks[0][step]["groups"]) & set(ranks[1][step]["groups"])
+        # The ranks generated from different prompts (seeded by rank), not copies of one another.
+        assert ranks[0][step]["prompts"] != ranks[1][step]["prompts"]
