@@ -29,4 +29,4 @@ def test_each_rank_trains_on_whole_groups_it_generated_itself(tmp_path):
     for step in range(3):
         assert not set(ranks[0][step]["groups"]) & set(ranks[1][step]["groups"])
         # The ranks generated from different prompts (seeded by rank), not copies of one another.
-        assert ranks[0][step]["prompts"] != ranks[1][step]["prompts"]
+        assert set(ranks[0][step]["prompts"]) != set(ranks[1][step]["prompts"])
