@@ -1,0 +1,76 @@
+"""Stored GRPO groups export with ``to_hf_dataset`` to rows real TRL trainers train on."""
+
+from __future__ import annotations
+
+import pytest
+from grpo_probe import GRPO_CONFIG, QUIET, train
+
+from rb_lightning import to_hf_dataset
+from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
+from rb_lightning.llm.pairs import preference_pairs
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+from hf.tiny_llm import tiny_model  # noqa: E402  (imports transformers)
+
+pytestmark = pytest.mark.hf
+
+
+def _args(tmp_path, **extra):
+    return dict(
+        output_dir=str(tmp_path / "trl"), max_steps=1, per_device_train_batch_size=4,
+        learning_rate=1e-2, report_to=[], use_cpu=True, save_strategy="no",
+        dataloader_num_workers=0, **extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stored_groups(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo_run")
+    done = train(
+        ["fit", "--config", str(GRPO_CONFIG), "--trainer.max_steps=2", *QUIET,
+         "--model.init_args.rewards=[rb_lightning.llm.data:arithmetic_partial_reward]"],
+        root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = root / "runs" / "llm_grpo" / "version_0"
+    return to_hf_dataset(run, streaming=False, keys=["prompt", "completion", "reward", "group"])
+
+
+def test_exported_rows_are_whole_groups_with_prompt_completion_reward(stored_groups):
+    assert stored_groups.column_names == ["prompt", "completion", "reward", "group"]
+    assert len(stored_groups) == 2 * 8 * 8
+    groups = stored_groups["group"]
+    assert all(groups.count(g) == 8 for g in set(groups))
+    first = stored_groups[0]
+    assert first["prompt"].endswith("=") and isinstance(first["reward"], float)
+
+
+def test_grpo_trainer_trains_on_the_exported_prompts(stored_groups, tmp_path):
+    tokenizer = make_tokenizer()
+    seen = []
+
+    def reward(completions, prompts, **columns):
+        seen.extend(columns["group"])  # the stored columns reach the reward function
+        return arithmetic_reward(completions, prompts)
+
+    trainer = trl.GRPOTrainer(
+        model=tiny_model(tokenizer), reward_funcs=reward, processing_class=tokenizer,
+        args=trl.GRPOConfig(**_args(tmp_path), num_generations=2, max_completion_length=3),
+        train_dataset=stored_groups,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 1 and set(seen) <= set(stored_groups["group"])
+
+
+def test_dpo_trainer_trains_on_preference_pairs_of_the_groups(stored_groups, tmp_path):
+    pairs = preference_pairs(stored_groups)
+    assert pairs and all(p["chosen"] != p["rejected"] for p in pairs)
+    tokenizer = make_tokenizer()
+    trainer = trl.DPOTrainer(
+        model=tiny_model(tokenizer), ref_model=tiny_model(tokenizer), processing_class=tokenizer,
+        args=trl.DPOConfig(**_args(tmp_path), max_length=16),
+        train_dataset=datasets.Dataset.from_list(pairs),
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 1
