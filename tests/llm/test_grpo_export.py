@@ -65,7 +65,15 @@ def test_grpo_trainer_trains_on_the_exported_prompts(stored_groups, tmp_path):
 
 def test_dpo_trainer_trains_on_preference_pairs_of_the_groups(stored_groups, tmp_path):
     pairs = preference_pairs(stored_groups)
-    assert pairs and all(p["chosen"] != p["rejected"] for p in pairs)
+    rewards: dict[int, dict[str, float]] = {}
+    for row in stored_groups:
+        rewards.setdefault(row["group"], {})[row["completion"]] = row["reward"]
+    unequal = [g for g, by_text in sorted(rewards.items()) if len(set(by_text.values())) > 1]
+    assert [p["group"] for p in pairs] == unequal  # one pair per group that has a preference
+    for pair in pairs:  # the group's best completion against its worst
+        by_text = rewards[pair["group"]]
+        assert by_text[pair["chosen"]] == max(by_text.values())
+        assert by_text[pair["rejected"]] == min(by_text.values())
     tokenizer = make_tokenizer()
     trainer = trl.DPOTrainer(
         model=tiny_model(tokenizer), ref_model=tiny_model(tokenizer), processing_class=tokenizer,
