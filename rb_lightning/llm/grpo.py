@@ -94,6 +94,11 @@ class GRPOModule(L.LightningModule):
         max_operand: Largest operand of the generated prompts.
         prompt_width: Columns of the left-padded prompts (tokens).
         seed: Seed of the prompts and of the sampling (with the rank and the step).
+        store_text: Also store the ``prompt`` and ``completion`` strings. In torchrl
+            0.14.1 a ``LazyTensorStorage`` writes string columns item by item, which
+            costs more than the rest of a tiny model's step;
+            :func:`rb_lightning.llm.pairs.with_text` decodes them from the token ids
+            when the rows are exported.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class GRPOModule(L.LightningModule):
         max_operand: int = 50,
         prompt_width: int = 8,
         seed: int = 0,
+        store_text: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(config, PretrainedConfig):
@@ -274,8 +280,6 @@ class GRPOModule(L.LightningModule):
         group = torch.arange(first, first + n_prompts).repeat_interleave(hp.num_generations)
         n = len(repeated)
         columns: dict[str, Any] = {
-            "prompt": NonTensorStack(*repeated),
-            "completion": NonTensorStack(*completions),
             "input_ids": input_ids.cpu(),
             "attention_mask": attention_mask.cpu(),
             "completion_mask": out.completion_mask.cpu(),
@@ -285,6 +289,9 @@ class GRPOModule(L.LightningModule):
             "group": group,
             POLICY_VERSION_KEY: torch.full((n,), step, dtype=torch.int64),
         }
+        if hp.store_text:
+            columns["prompt"] = NonTensorStack(*repeated)
+            columns["completion"] = NonTensorStack(*completions)
         if self.ref_model is not None:
             columns["ref_log_probs"] = completion_log_probs(
                 self.ref_model, input_ids, attention_mask, hp.prompt_width,

@@ -1,9 +1,11 @@
-"""Preference pairs from stored GRPO groups, for ``trl.DPOTrainer``.
+"""Stored GRPO groups as TRL rows: their text (:func:`with_text`) and preference pairs.
 
 :func:`preference_pairs` turns the rows of stored groups (``prompt``,
 ``completion``, ``reward``, ``group``, e.g. ``to_hf_dataset(run, streaming=False)``
 of a ``configs/llm_grpo.yaml`` run) into one ``{"prompt", "chosen", "rejected"}``
 row per group whose rewards differ: the best completion against the worst.
+:func:`with_text` adds the ``prompt`` / ``completion`` strings to rows stored
+without them (``GRPOModule(store_text=False)``), decoded from their token ids.
 
 Examples:
     >>> rows = [
@@ -20,6 +22,49 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+
+def with_text(
+    rows: Iterable[Mapping[str, Any]], tokenizer: Any = None
+) -> list[dict[str, Any]]:
+    """``rows`` with ``prompt`` and ``completion`` strings decoded from their token ids.
+
+    Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask`` (the
+    layout of :mod:`rb_lightning.llm.generation`: prompt columns, then the
+    completion's); rows that already have both strings are kept as they are.
+
+    Args:
+        rows: Rows such as those of ``to_hf_dataset(run, streaming=False)``.
+        tokenizer: The tokenizer of the ids; default
+            :func:`rb_lightning.llm.data.make_tokenizer`.
+
+    Examples:
+        >>> from rb_lightning.llm.data import make_tokenizer
+        >>> tok = make_tokenizer()
+        >>> ids = [0, 0] + tok("1+2=")["input_ids"] + tok("3")["input_ids"] + [1, 0]
+        >>> row = {"input_ids": ids, "attention_mask": [0, 0, 1, 1, 1, 1, 1, 1, 0],
+        ...        "completion_mask": [1, 1, 0]}
+        >>> with_text([row], tok)[0]["prompt"], with_text([row], tok)[0]["completion"]
+        ('1+2=', '3')
+    """
+    if tokenizer is None:
+        from rb_lightning.llm.data import make_tokenizer
+
+        tokenizer = make_tokenizer()
+    out = []
+    for row in rows:
+        row = dict(row)
+        if "prompt" not in row or "completion" not in row:
+            width = len(row["completion_mask"])
+            ids, attended = list(row["input_ids"]), list(row["attention_mask"])
+            prompt = [t for t, a in zip(ids[:-width], attended[:-width], strict=True) if a]
+            completion = [
+                t for t, m in zip(ids[-width:], row["completion_mask"], strict=True) if m
+            ]
+            row["prompt"] = tokenizer.decode(prompt, skip_special_tokens=True)
+            row["completion"] = tokenizer.decode(completion, skip_special_tokens=True)
+        out.append(row)
+    return out
 
 
 def preference_pairs(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -50,4 +95,4 @@ def preference_pairs(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return pairs
 
 
-__all__ = ["preference_pairs"]
+__all__ = ["preference_pairs", "with_text"]

@@ -20,6 +20,7 @@ CONFIGS = {
     "cartpole_dqn": (["--trainer.max_steps=20"], "val_return", "test_return"),
     "pendulum_sac": (["--trainer.max_steps=20"], "val_return", "test_return"),
     "llm_sft": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
+    "llm_grpo": (["--trainer.max_steps=3"], "val_accuracy", "test_accuracy"),
     "offline_from_disk": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
 }
 

@@ -12,8 +12,11 @@ from typing import Any
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from rb_lightning.llm.pairs import with_text
+
 REPO = Path(__file__).resolve().parents[2]
 GRPO_CONFIG = REPO / "configs" / "llm_grpo.yaml"
+TOKEN_KEYS = ("input_ids", "attention_mask", "completion_mask")
 #: Overrides that make a CLI-sized run: no progress bar, no sanity pass, no validation.
 QUIET = [
     "--trainer.enable_progress_bar=false",
@@ -39,10 +42,15 @@ class GroupProbe(Callback):
             "step": trainer.global_step - 1,
             "groups": batch["group"].tolist(),
             "versions": batch["policy_version"].tolist(),
-            "prompts": [str(p) for p in batch["prompt"]],
+            "prompts": [row["prompt"] for row in with_text(_rows(batch))],
         }
         with open(self.dirpath / f"rank{trainer.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(row) + "\n")
+
+
+def _rows(batch: Any) -> list[dict[str, Any]]:
+    columns = [batch[key].tolist() for key in TOKEN_KEYS]
+    return [dict(zip(TOKEN_KEYS, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def read_probe(dirpath: Path, rank: int = 0) -> list[dict[str, Any]]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from grpo_probe import GRPO_CONFIG, QUIET, column, metrics, probed_config, read_probe, train
+import os
+import subprocess
 
 import pytest
+from console_scripts import command
+from grpo_probe import GRPO_CONFIG, QUIET, REPO, column, metrics, probed_config, read_probe, train
 
 pytestmark = pytest.mark.hf
 
@@ -58,9 +61,13 @@ def test_replay_trains_on_groups_of_the_last_max_staleness_versions(tmp_path):
 
 
 def test_batch_size_not_a_multiple_of_the_group_size_is_one_paragraph_and_exit_2(tmp_path):
-    done = train(
-        ["fit", "--config", str(GRPO_CONFIG), "--data.init_args.batch_size=60", *QUIET], tmp_path
-    )
+    # The shipped config, by name, through the console script.
+    done = subprocess.run(
+        [*command("rb-lightning"), "fit", "--config", "llm_grpo", "--data.init_args.batch_size=60",
+         *QUIET],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
     assert done.returncode == 2
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith("error: data.init_args.batch_size=60 is not a multiple of")

@@ -6,8 +6,8 @@ import pytest
 from grpo_probe import GRPO_CONFIG, QUIET, train
 
 from rb_lightning import to_hf_dataset
-from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
-from rb_lightning.llm.pairs import preference_pairs
+from rb_lightning.llm.data import arithmetic_partial_reward, arithmetic_reward, make_tokenizer, solve
+from rb_lightning.llm.pairs import preference_pairs, with_text
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -34,7 +34,12 @@ def stored_groups(tmp_path_factory):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     run = root / "runs" / "llm_grpo" / "version_0"
-    return to_hf_dataset(run, streaming=False, keys=["prompt", "completion", "reward", "group"])
+    # The shipped config stores token ids, not strings: with_text decodes them.
+    keys = ["input_ids", "attention_mask", "completion_mask", "reward", "group"]
+    rows = with_text(to_hf_dataset(run, streaming=False, keys=keys))
+    return datasets.Dataset.from_list(
+        [{k: row[k] for k in ("prompt", "completion", "reward", "group")} for row in rows]
+    )
 
 
 def test_exported_rows_are_whole_groups_with_prompt_completion_reward(stored_groups):
@@ -42,8 +47,12 @@ def test_exported_rows_are_whole_groups_with_prompt_completion_reward(stored_gro
     assert len(stored_groups) == 2 * 8 * 8
     groups = stored_groups["group"]
     assert all(groups.count(g) == 8 for g in set(groups))
-    first = stored_groups[0]
-    assert first["prompt"].endswith("=") and isinstance(first["reward"], float)
+    for row in stored_groups.select(range(0, len(stored_groups), 8)):
+        assert solve(row["prompt"]) is not None  # "a+b=" with a, b <= 50
+    # The stored reward is arithmetic_partial_reward of the decoded text.
+    assert stored_groups["reward"] == pytest.approx(
+        arithmetic_partial_reward(stored_groups["completion"], stored_groups["prompt"])
+    )
 
 
 def test_grpo_trainer_trains_on_the_exported_prompts(stored_groups, tmp_path):

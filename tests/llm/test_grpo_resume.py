@@ -49,5 +49,5 @@ def test_resumed_run_has_the_losses_and_buffer_of_the_straight_run(tmp_path):
     rows_a, rows_b = _buffer_rows(run_a), _buffer_rows(run_b)
     assert len(rows_a) == len(rows_b) == 8 * 4 * 8  # 8 steps x 4 groups x 8 completions
     for a, b in zip(rows_a, rows_b, strict=True):
-        assert a["group"] == b["group"] and a["completion"] == b["completion"]
+        assert a["group"] == b["group"] and a["input_ids"] == b["input_ids"]
         assert a["behaviour_log_probs"] == pytest.approx(b["behaviour_log_probs"], abs=1e-6)
