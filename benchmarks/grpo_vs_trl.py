@@ -119,6 +119,7 @@ def run_ours(sft: Path, seed: int, steps: int, root: Path, replay: bool) -> dict
 def run_trl(sft: Path, seed: int, steps: int, root: Path) -> dict[str, float]:
     import datasets
     import trl
+
     model = _loaded(sft)
     prompts = [p for p, _ in arithmetic_examples(steps * 8, seed=1000 + seed)]
     config = trl.GRPOConfig(
@@ -155,10 +156,18 @@ def main() -> None:
         root = Path(tmp)
         sft = train_sft(options.sft_steps, root / "sft")
         start = accuracy_of(_loaded(sft))
-        rows: dict[str, list[dict[str, float]]] = {"ours (on-policy)": [], "ours (replay)": [], "trl": []}
+        rows: dict[str, list[dict[str, float]]] = {
+            "ours (on-policy)": [],
+            "ours (replay)": [],
+            "trl": [],
+        }
         for seed in options.seeds:
-            rows["ours (on-policy)"].append(run_ours(sft, seed, options.steps, root / f"a{seed}", False))
-            rows["ours (replay)"].append(run_ours(sft, seed, options.steps, root / f"b{seed}", True))
+            rows["ours (on-policy)"].append(
+                run_ours(sft, seed, options.steps, root / f"a{seed}", False)
+            )
+            rows["ours (replay)"].append(
+                run_ours(sft, seed, options.steps, root / f"b{seed}", True)
+            )
             rows["trl"].append(run_trl(sft, seed, options.steps, root / f"t{seed}"))
             for name, results in rows.items():
                 print(f"seed {seed} {name}: {results[-1]}", flush=True)
@@ -167,7 +176,10 @@ def main() -> None:
     print("| run | accuracy | completions | train (s) |")
     print("|---|---|---|---|")
     for name, results in rows.items():
-        cells = [statistics.median(r[c] for r in results) for c in ("accuracy", "completions", "train (s)")]
+        cells = [
+            statistics.median(r[c] for r in results)
+            for c in ("accuracy", "completions", "train (s)")
+        ]
         print(f"| {name} | {cells[0]:.3f} | {cells[1]:,.0f} | {cells[2]:.1f} |")
 
 

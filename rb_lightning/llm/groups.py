@@ -151,7 +151,9 @@ class GroupSampler(Sampler):
         positions, ids = self._eligible_groups(storage)
         wanted = batch_size // self.group_size
         if ids.numel() == 0:
-            limit = "" if self.max_staleness is None else f" within max_staleness={self.max_staleness}"
+            limit = (
+                "" if self.max_staleness is None else f" within max_staleness={self.max_staleness}"
+            )
             raise BufferStateError(
                 f"GroupSampler found no whole group of {self.group_size} items{limit} "
                 f"(consumer_version={self.consumer_version}) among the buffer's "
@@ -175,7 +177,11 @@ class GroupSampler(Sampler):
 
     def _record_staleness(self, storage: Storage, index: torch.Tensor) -> None:
         content = torchrl_compat.storage_content(storage)
-        if content is None or not hasattr(content, "keys") or self.version_key not in content.keys():
+        if (
+            content is None
+            or not hasattr(content, "keys")
+            or self.version_key not in content.keys()
+        ):
             return
         versions = content.get(self.version_key)[index.to(content.device)].reshape(-1)
         self.last_staleness_mean = float((self.consumer_version - versions.double()).mean())

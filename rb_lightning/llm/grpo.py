@@ -126,7 +126,10 @@ class GRPOModule(L.LightningModule):
                 f"config must be a transformers PretrainedConfig (e.g. LlamaConfig(...)), got "
                 f"{type(config).__name__}.",
             )
-        for name, value in (("num_generations", num_generations), ("max_new_tokens", max_new_tokens)):
+        for name, value in (
+            ("num_generations", num_generations),
+            ("max_new_tokens", max_new_tokens),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(name, f"{name} must be an int >= 1, got {value!r}.")
         if num_generations < 2:
@@ -142,6 +145,15 @@ class GRPOModule(L.LightningModule):
         for message in ("Found `dataloader_iter` argument", "You are using the `dataloader_iter`"):
             warnings.filterwarnings("ignore", message=message)
         self.model = AutoModelForCausalLM.from_config(config)
+        self.num_generations, self.max_new_tokens = num_generations, max_new_tokens
+        self.temperature, self.lr, self.clip_epsilon, self.beta = (
+            temperature,
+            lr,
+            clip_epsilon,
+            beta,
+        )
+        self.max_operand, self.prompt_width, self.seed = max_operand, prompt_width, seed
+        self.store_text = store_text
         self.init_from = init_from
         if init_from is not None:
             self._load_weights(init_from)
@@ -190,7 +202,7 @@ class GRPOModule(L.LightningModule):
         datamodule = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's connectors
         buffer = getattr(datamodule, "replay_buffer", None)
         sampler = getattr(buffer, "sampler", None)
-        group = self.hparams.num_generations
+        group = self.num_generations
         if not isinstance(buffer, ReplayBuffer) or not isinstance(sampler, GroupSampler):
             raise UsageError(
                 "data.init_args.replay_buffer.init_args.sampler",
@@ -232,13 +244,19 @@ class GRPOModule(L.LightningModule):
         """Optimizer updates applied to the policy so far (the global step)."""
         return int(self.global_step)
 
+    def _world_size(self) -> int:
+        try:
+            return int(self.trainer.world_size)
+        except RuntimeError:  # not attached to a Trainer: one process
+            return 1
+
     def _generator(self, step: int) -> torch.Generator:
         # A function of (seed, rank, step) only: a resumed run draws what the straight one did.
-        seed = (self.hparams.seed * 1_000_003 + self.global_rank) * 1_000_003 + step
+        seed = (self.seed * 1_000_003 + self.global_rank) * 1_000_003 + step
         return torch.Generator(device=self.device).manual_seed(seed % (2**63))
 
     def _prompts(self, n: int, generator: torch.Generator) -> list[str]:
-        top = self.hparams.max_operand + 1
+        top = self.max_operand + 1
         pairs = torch.randint(0, top, (n, 2), generator=generator, device=self.device).tolist()
         return [f"{a}+{b}=" for a, b in pairs]
 
@@ -252,32 +270,33 @@ class GRPOModule(L.LightningModule):
     @torch.no_grad()
     def generate_groups(self, step: int) -> TensorDict:
         """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU)."""
-        hp = self.hparams
         generator = self._generator(step)
         n_prompts = int(self.prompts_per_step or 1)
         prompts = self._prompts(n_prompts, generator)
-        repeated = [p for p in prompts for _ in range(hp.num_generations)]
-        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, repeated, hp.prompt_width)
+        repeated = [p for p in prompts for _ in range(self.num_generations)]
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, repeated, self.prompt_width)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         was_training = self.model.training
         self.model.eval()
         out = sample_completions(
-            self.model, prompt_ids, prompt_mask, max_new_tokens=hp.max_new_tokens,
+            self.model, prompt_ids, prompt_mask, max_new_tokens=self.max_new_tokens,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            generator=generator, temperature=hp.temperature,
+            generator=generator, temperature=self.temperature,
         )  # fmt: skip
         input_ids = torch.cat([prompt_ids, out.completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, out.completion_mask], dim=1)
         behaviour = completion_log_probs(
-            self.model, input_ids, attention_mask, hp.prompt_width, temperature=hp.temperature
+            self.model, input_ids, attention_mask, self.prompt_width, temperature=self.temperature
         )
         self.model.train(was_training)
         completions = decode_completions(self.tokenizer, out.completion_ids)
         reward = self.score(repeated, completions)
-        grouped = reward.view(n_prompts, hp.num_generations)
-        advantage = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
-        first = (step * self.trainer.world_size + self.global_rank) * n_prompts
-        group = torch.arange(first, first + n_prompts).repeat_interleave(hp.num_generations)
+        grouped = reward.view(n_prompts, self.num_generations)
+        advantage = (grouped - grouped.mean(1, keepdim=True)) / (
+            grouped.std(1, keepdim=True) + 1e-4
+        )
+        first = (step * self._world_size() + self.global_rank) * n_prompts
+        group = torch.arange(first, first + n_prompts).repeat_interleave(self.num_generations)
         n = len(repeated)
         columns: dict[str, Any] = {
             "input_ids": input_ids.cpu(),
@@ -289,35 +308,34 @@ class GRPOModule(L.LightningModule):
             "group": group,
             POLICY_VERSION_KEY: torch.full((n,), step, dtype=torch.int64),
         }
-        if hp.store_text:
+        if self.store_text:
             columns["prompt"] = NonTensorStack(*repeated)
             columns["completion"] = NonTensorStack(*completions)
         if self.ref_model is not None:
             columns["ref_log_probs"] = completion_log_probs(
-                self.ref_model, input_ids, attention_mask, hp.prompt_width,
-                temperature=hp.temperature,
+                self.ref_model, input_ids, attention_mask, self.prompt_width,
+                temperature=self.temperature,
             ).cpu()  # fmt: skip
         return TensorDict(columns, batch_size=[n])
 
     # -- training ---------------------------------------------------------------------------
     def grpo_loss(self, batch: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped GRPO objective of ``batch`` (token mean) and what to log about it."""
-        hp = self.hparams
         logp = completion_log_probs(
-            self.model, batch["input_ids"], batch["attention_mask"], hp.prompt_width,
-            temperature=hp.temperature,
+            self.model, batch["input_ids"], batch["attention_mask"], self.prompt_width,
+            temperature=self.temperature,
         )  # fmt: skip
         mask = batch["completion_mask"].to(logp.dtype)
         log_ratio = logp - batch["behaviour_log_probs"]
         ratio = log_ratio.exp()
         advantage = batch["advantage"].to(logp.dtype)[:, None]
-        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
         per_token = -torch.minimum(ratio * advantage, clipped * advantage)
         stats = {}
-        if self.ref_model is not None and hp.beta > 0:
+        if self.ref_model is not None and self.beta > 0:
             delta = batch["ref_log_probs"] - logp
             kl = delta.exp() - delta - 1
-            per_token = per_token + hp.beta * kl
+            per_token = per_token + self.beta * kl
             stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
         tokens = mask.sum().clamp(min=1)
         loss = (per_token * mask).sum() / tokens
@@ -356,11 +374,10 @@ class GRPOModule(L.LightningModule):
     @torch.no_grad()
     def greedy_accuracy(self, prompts: list[str]) -> torch.Tensor:
         """Fraction of ``prompts`` whose greedy completion is the right answer."""
-        hp = self.hparams
-        ids, mask = encode_prompts(self.tokenizer, prompts, hp.prompt_width)
+        ids, mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
         out = sample_completions(
             self.model, ids.to(self.device), mask.to(self.device),
-            max_new_tokens=hp.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id, greedy=True,
         )  # fmt: skip
         correct = arithmetic_reward(decode_completions(self.tokenizer, out.completion_ids), prompts)
@@ -386,7 +403,7 @@ class GRPOModule(L.LightningModule):
         return self._evaluate(batch, "test_accuracy")
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=0.0)
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
 
 
 __all__ = ["DEFAULT_REWARDS", "GRPOModule"]

@@ -24,9 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
-def with_text(
-    rows: Iterable[Mapping[str, Any]], tokenizer: Any = None
-) -> list[dict[str, Any]]:
+def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
     """``rows`` with ``prompt`` and ``completion`` strings decoded from their token ids.
 
     Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask`` (the
@@ -58,9 +56,7 @@ def with_text(
             width = len(row["completion_mask"])
             ids, attended = list(row["input_ids"]), list(row["attention_mask"])
             prompt = [t for t, a in zip(ids[:-width], attended[:-width], strict=True) if a]
-            completion = [
-                t for t, m in zip(ids[-width:], row["completion_mask"], strict=True) if m
-            ]
+            completion = [t for t, m in zip(ids[-width:], row["completion_mask"], strict=True) if m]
             row["prompt"] = tokenizer.decode(prompt, skip_special_tokens=True)
             row["completion"] = tokenizer.decode(completion, skip_special_tokens=True)
         out.append(row)

@@ -67,7 +67,9 @@ def test_a_group_cut_by_the_circular_writer_is_never_drawn():
 def test_batch_size_not_a_multiple_of_the_group_size_names_the_argument():
     rb, _ = _buffer()
     rb.extend(_groups(0, 4, 4, 0))
-    with pytest.raises(UsageError, match=r"batch_size=6 is not a multiple .* Use batch_size=4 or 8"):
+    with pytest.raises(
+        UsageError, match=r"batch_size=6 is not a multiple .* Use batch_size=4 or 8"
+    ):
         rb.sample(6)
 
 

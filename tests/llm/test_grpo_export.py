@@ -6,7 +6,12 @@ import pytest
 from grpo_probe import GRPO_CONFIG, QUIET, train
 
 from rb_lightning import to_hf_dataset
-from rb_lightning.llm.data import arithmetic_partial_reward, arithmetic_reward, make_tokenizer, solve
+from rb_lightning.llm.data import (
+    arithmetic_partial_reward,
+    arithmetic_reward,
+    make_tokenizer,
+    solve,
+)
 from rb_lightning.llm.pairs import preference_pairs, with_text
 
 trl = pytest.importorskip("trl")

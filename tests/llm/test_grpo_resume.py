@@ -43,7 +43,10 @@ def test_resumed_run_has_the_losses_and_buffer_of_the_straight_run(tmp_path):
     assert sum(abs(v) for v in loss_a.values()) > 1e-3
     for step in range(8):
         assert loss_a[step] == pytest.approx(loss_b[step], abs=1e-6), step
-    reward_a, reward_b = column(metrics(run_a), "reward_mean"), column(metrics(run_b), "reward_mean")
+    reward_a, reward_b = (
+        column(metrics(run_a), "reward_mean"),
+        column(metrics(run_b), "reward_mean"),
+    )
     assert reward_a == reward_b  # the same completions were generated after the resume
 
     rows_a, rows_b = _buffer_rows(run_a), _buffer_rows(run_b)

@@ -1,0 +1,60 @@
+"""``GRPOModule`` in-process: weights from an SFT checkpoint, and the objective's ratio."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from rb_lightning.errors import UsageError  # noqa: E402
+from rb_lightning.llm.grpo import GRPOModule  # noqa: E402
+from rb_lightning.llm.module import CausalLMModule  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+def _config(hidden: int = 16) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        vocab_size=18, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=32, pad_token_id=0, bos_token_id=None,
+        eos_token_id=1,
+    )  # fmt: skip
+
+
+def _sft_checkpoint(tmp_path) -> tuple[str, CausalLMModule]:
+    torch.manual_seed(1)
+    sft = CausalLMModule(_config())
+    path = tmp_path / "sft.ckpt"
+    torch.save({"state_dict": sft.state_dict()}, path)  # the layout Lightning saves
+    return str(path), sft
+
+
+def test_init_from_loads_the_sft_weights(tmp_path):
+    path, sft = _sft_checkpoint(tmp_path)
+    torch.manual_seed(2)
+    module = GRPOModule(_config(), init_from=path, num_generations=2)
+    for (name, ours), theirs in zip(
+        module.model.state_dict().items(), sft.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(ours, theirs), name
+
+
+def test_init_from_another_architecture_names_the_argument(tmp_path):
+    path, _ = _sft_checkpoint(tmp_path)
+    with pytest.raises(UsageError, match="does not fit this model") as err:
+        GRPOModule(_config(hidden=32), init_from=path, num_generations=2)
+    assert err.value.argument == "init_from"
+
+
+def test_stored_behaviour_log_probs_give_a_ratio_of_one():
+    module = GRPOModule(_config(), num_generations=4, prompts_per_step=3, beta=0.1)
+    groups = module.generate_groups(0)
+    assert groups.shape == (12,) and groups["group"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    loss, stats = module.grpo_loss(groups)
+    assert float(stats["clip_fraction"]) == 0.0
+    assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)  # the reference is the start
+    # With ratio 1 the objective is minus the token-weighted mean advantage.
+    mask = groups["completion_mask"].float()
+    expected = -(groups["advantage"][:, None] * mask).sum() / mask.sum()
+    assert float(loss) == pytest.approx(float(expected), abs=1e-6)
