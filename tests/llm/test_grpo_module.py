@@ -58,3 +58,18 @@ def test_stored_behaviour_log_probs_give_a_ratio_of_one():
     mask = groups["completion_mask"].float()
     expected = -(groups["advantage"][:, None] * mask).sum() / mask.sum()
     assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_the_objective_clips_the_ratio_to_the_stored_behaviour_per_token():
+    module = GRPOModule(_config(), num_generations=4, prompts_per_step=3, max_new_tokens=4)
+    batch = module.generate_groups(0)
+    # Completions of 1..4 tokens, and a behaviour policy 0.5 nats less likely on every token:
+    # ratio e^0.5 = 1.65, clipped to 1.2 where the advantage is positive.
+    batch["completion_mask"] = (torch.arange(4)[None, :] <= torch.arange(12)[:, None] % 4).long()
+    batch["behaviour_log_probs"] = batch["behaviour_log_probs"] - 0.5
+    loss, stats = module.grpo_loss(batch)
+    advantage = batch["advantage"][:, None].expand(12, 4)
+    gain = torch.where(advantage > 0, 1.2 * advantage, torch.exp(torch.tensor(0.5)) * advantage)
+    mask = batch["completion_mask"].float()
+    assert float(loss) == pytest.approx(float(-(gain * mask).sum() / mask.sum()), abs=1e-5)
+    assert float(stats["clip_fraction"]) == pytest.approx(1.0)
