@@ -67,6 +67,7 @@ def test_the_objective_clips_the_ratio_to_the_stored_behaviour_per_token():
     # ratio e^0.5 = 1.65, clipped to 1.2 where the advantage is positive.
     batch["completion_mask"] = (torch.arange(4)[None, :] <= torch.arange(12)[:, None] % 4).long()
     batch["behaviour_log_probs"] = batch["behaviour_log_probs"] - 0.5
+    batch["advantage"] = torch.linspace(-1.0, 1.0, 12)  # both signs (a random policy earns 0)
     loss, stats = module.grpo_loss(batch)
     advantage = batch["advantage"][:, None].expand(12, 4)
     gain = torch.where(advantage > 0, 1.2 * advantage, torch.exp(torch.tensor(0.5)) * advantage)
