@@ -21,8 +21,9 @@ Columns: ``accuracy``: greedy accuracy on 256 held-out prompts (seed 1, the
 ``val_buffer`` of ``llm_grpo.yaml``), every model scored by the same function
 (:meth:`rb_lightning.llm.grpo.GRPOModule.greedy_accuracy`); ``completions``:
 generated completions; ``train (s)``: wall time of the training call alone
-(``Trainer.fit`` / ``GRPOTrainer.train``), in this process, one torch thread each.
-Medians over the seeds.
+(``Trainer.fit`` / ``GRPOTrainer.train``), in this process, one torch thread each;
+``cpu (s)``: the process's CPU time over the same call (less sensitive than wall time
+to other load on a shared machine). Medians over the seeds.
 
 Run from the repository root (an idle machine)::
 
@@ -58,16 +59,16 @@ QUIET = [
 HELD_OUT = [prompt for prompt, _ in arithmetic_examples(256, seed=1)]
 
 
-def _fit(config: str, args: list[str]) -> tuple[object, float]:
+def _fit(config: str, args: list[str]) -> tuple[object, float, float]:
     cli = cli_main(["--config", config, *args], run=False)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return cli.model, time.perf_counter() - start
+    return cli.model, time.perf_counter() - start, time.process_time() - cpu
 
 
 def train_sft(steps: int, root: Path) -> Path:
     """An SFT checkpoint of ``configs/llm_sft.yaml`` after ``steps`` steps."""
-    model, _ = _fit(
+    model, _, _ = _fit(
         str(REPO / "configs" / "llm_sft.yaml"),
         [*QUIET, f"--trainer.max_steps={steps}", "--trainer.logger=false",
          "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={root}"],
@@ -108,11 +109,12 @@ def run_ours(sft: Path, seed: int, steps: int, root: Path, replay: bool) -> dict
             "--data.init_args.replay_buffer.init_args.sampler.init_args.max_staleness=1",
             "--model.init_args.prompts_per_step=4",
         ]
-    model, seconds = _fit(str(REPO / "configs" / "llm_grpo.yaml"), args)
+    model, seconds, cpu = _fit(str(REPO / "configs" / "llm_grpo.yaml"), args)
     return {
         "accuracy": float(model.greedy_accuracy(HELD_OUT)),
         "completions": steps * prompts * 8,
         "train (s)": seconds,
+        "cpu (s)": cpu,
     }
 
 
@@ -135,13 +137,14 @@ def run_trl(sft: Path, seed: int, steps: int, root: Path) -> dict[str, float]:
         train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
         processing_class=make_tokenizer(),
     )  # fmt: skip
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trainer.train()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {
         "accuracy": accuracy_of(trainer.model),
         "completions": steps * 64,
         "train (s)": seconds,
+        "cpu (s)": cpu,
     }
 
 
@@ -173,14 +176,14 @@ def main() -> None:
                 print(f"seed {seed} {name}: {results[-1]}", flush=True)
     print(f"\nSFT start ({options.sft_steps} steps): held-out greedy accuracy {start:.3f}")
     print(f"{options.steps} GRPO steps, seeds {options.seeds}, medians:\n")
-    print("| run | accuracy | completions | train (s) |")
-    print("|---|---|---|---|")
+    print("| run | accuracy | completions | train (s) | cpu (s) |")
+    print("|---|---|---|---|---|")
     for name, results in rows.items():
         cells = [
             statistics.median(r[c] for r in results)
-            for c in ("accuracy", "completions", "train (s)")
+            for c in ("accuracy", "completions", "train (s)", "cpu (s)")
         ]
-        print(f"| {name} | {cells[0]:.3f} | {cells[1]:,.0f} | {cells[2]:.1f} |")
+        print(f"| {name} | {cells[0]:.3f} | {cells[1]:,.0f} | {cells[2]:.1f} | {cells[3]:.1f} |")
 
 
 def _loaded(sft: Path) -> torch.nn.Module:
