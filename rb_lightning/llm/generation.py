@@ -42,10 +42,12 @@ from rb_lightning.errors import UsageError
 
 @dataclass
 class Completions:
-    """Sampled completions: token ids ``[N, C]`` (padded after eos) and their mask (1 up to eos)."""
+    """Sampled completions: token ids ``[N, C]`` (padded after eos), their mask (1 up to eos),
+    and the log-probability of each token under the sampling distribution."""
 
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
+    log_probs: torch.Tensor
 
 
 def encode_prompts(
@@ -94,22 +96,27 @@ def sample_completions(
 
     A completion ends with its eos token (included, masked 1); what follows is
     ``pad_token_id``, masked 0. Draws come from ``generator`` (on the model's
-    device), one ``torch.multinomial`` call per token.
+    device), one ``torch.multinomial`` call per token. The log-probabilities
+    are those of the drawn tokens under the sampling distribution (the behaviour
+    policy's, at ``temperature``), read off the logits of the draw itself: they
+    equal :func:`completion_log_probs` of the whole sequences up to float rounding.
     """
     n = prompt_ids.shape[0]
     device = prompt_ids.device
     ids, mask = prompt_ids, prompt_mask
     completion = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.int64, device=device)
     completion_mask = torch.zeros((n, max_new_tokens), dtype=torch.int64, device=device)
+    log_probs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
     running = torch.ones(n, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
         logits = _logits(model, ids, mask)[:, -1].float()
+        scaled = torch.log_softmax(logits / temperature, dim=-1)
         if greedy:
             token = logits.argmax(-1)
         else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            token = torch.multinomial(scaled.exp(), 1, generator=generator).squeeze(-1)
         token = torch.where(running, token, torch.full_like(token, pad_token_id))
+        log_probs[:, t] = scaled.gather(-1, token[:, None]).squeeze(-1)
         completion[:, t] = token
         completion_mask[:, t] = running.long()
         running = running & (token != eos_token_id)
@@ -117,7 +124,7 @@ def sample_completions(
         mask = torch.cat([mask, completion_mask[:, t : t + 1]], dim=1)
         if not running.any():
             break
-    return Completions(completion, completion_mask)
+    return Completions(completion, completion_mask, log_probs)
 
 
 def completion_log_probs(

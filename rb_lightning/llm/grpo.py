@@ -285,9 +285,7 @@ class GRPOModule(L.LightningModule):
         )  # fmt: skip
         input_ids = torch.cat([prompt_ids, out.completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, out.completion_mask], dim=1)
-        behaviour = completion_log_probs(
-            self.model, input_ids, attention_mask, self.prompt_width, temperature=self.temperature
-        )
+        behaviour = out.log_probs  # the sampling distribution's, from the draw's own logits
         self.model.train(was_training)
         completions = decode_completions(self.tokenizer, out.completion_ids)
         reward = self.score(repeated, completions)

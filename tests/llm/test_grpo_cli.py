@@ -73,13 +73,3 @@ def test_batch_size_not_a_multiple_of_the_group_size_is_one_paragraph_and_exit_2
     assert error.startswith("error: data.init_args.batch_size=60 is not a multiple of")
     assert "Use data.init_args.batch_size=56 or 64" in error
     assert "Traceback" not in done.stderr
-
-
-def test_missing_init_from_checkpoint_names_the_argument(tmp_path):
-    done = train(
-        ["fit", "--config", str(GRPO_CONFIG), "--model.init_from=nowhere/last.ckpt", *QUIET],
-        tmp_path,
-    )
-    assert done.returncode == 2
-    assert "init_from='nowhere/last.ckpt': no such file" in done.stderr
-    assert "Traceback" not in done.stderr

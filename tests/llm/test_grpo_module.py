@@ -40,6 +40,12 @@ def test_init_from_loads_the_sft_weights(tmp_path):
         assert torch.equal(ours, theirs), name
 
 
+def test_a_missing_init_from_file_names_the_argument_and_the_command_that_makes_it():
+    with pytest.raises(UsageError, match="no such file.*configs/llm_sft.yaml") as err:
+        GRPOModule(_config(), init_from="nowhere/last.ckpt", num_generations=2)
+    assert err.value.argument == "init_from"
+
+
 def test_init_from_another_architecture_names_the_argument(tmp_path):
     path, _ = _sft_checkpoint(tmp_path)
     with pytest.raises(UsageError, match="does not fit this model") as err:
