@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from console_scripts import command
-from grpo_probe import GRPO_CONFIG, QUIET, REPO, column, metrics, probed_config, read_probe, train
+from grpo_probe import QUIET, REPO, column, metrics, probed_config, read_probe, train
 
 pytestmark = pytest.mark.hf
 
