@@ -78,7 +78,7 @@ from torchrl.data.replay_buffers.storages import (
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError
-from rb_lightning.sharding import is_remote
+from rb_lightning.stream.sharding import is_remote
 
 __all__ = [
     "FORMAT_VERSION",

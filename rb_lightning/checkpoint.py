@@ -90,9 +90,9 @@ from rb_lightning.buffer_format import (
     write_version,
     writes_filled_rows_only,
 )
-from rb_lightning.mixture import BufferMixture
-from rb_lightning.runs import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
-from rb_lightning.sharding import is_remote
+from rb_lightning.runs.run_files import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
+from rb_lightning.sources.mixture import BufferMixture
+from rb_lightning.stream.sharding import is_remote
 
 __all__ = [
     "BUFFER_DIR_SUFFIX",

@@ -33,31 +33,31 @@ from rb_lightning.checkpoint import (
     restore_remote_buffer_state,
 )
 from rb_lightning.columns import leaf_keys
-from rb_lightning.dataset import (
+from rb_lightning.errors import UsageError
+from rb_lightning.sources.buffer_sources import BufferSource, SourceError
+from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.stream.datasets import (
     ReplayBufferBatchDataset,
     ReplayBufferPassDataset,
     ResumableBatchLoader,
     StreamState,
     batch_loader,
 )
-from rb_lightning.device_prefetch import (
+from rb_lightning.stream.device_prefetch import (
     CopyEngine,
     DevicePrefetcher,
     check_device_storage,
     default_copy_engine,
     storage_device,
 )
-from rb_lightning.errors import UsageError
-from rb_lightning.mixture import SOURCE_KEY, BufferMixture
-from rb_lightning.priorities import (
+from rb_lightning.stream.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
     check_priority,
     current_max_priority,
 )
-from rb_lightning.sharding import is_remote
-from rb_lightning.sources import BufferSource, SourceError
-from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.stream.sharding import is_remote
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -148,10 +148,10 @@ class ReplayBufferDataModule(LightningDataModule):
             the step's stream waits for it on the GPU, not on the host. Batches
             are sampled exactly when they would be without it, so the stream and
             exact resume are unchanged. ``True`` uses
-            :class:`~rb_lightning.device_prefetch.CudaStreamCopy` on a CUDA device
+            :class:`~rb_lightning.stream.device_prefetch.CudaStreamCopy` on a CUDA device
             and does nothing on CPU; a
-            :class:`~rb_lightning.device_prefetch.CopyEngine` instance is used on
-            any device (e.g. :class:`~rb_lightning.device_prefetch.SyncCopy`).
+            :class:`~rb_lightning.stream.device_prefetch.CopyEngine` instance is used on
+            any device (e.g. :class:`~rb_lightning.stream.device_prefetch.SyncCopy`).
             Default ``False``: its gain on a GPU has not been measured yet
             (``benchmarks/gpu_path.py``). Refused for a storage on the GPU.
         persistent_workers: Keep workers alive across epochs.
@@ -181,7 +181,7 @@ class ReplayBufferDataModule(LightningDataModule):
         invalid_priority: What :meth:`update_priority` does with NaN, infinite
             or negative priorities (one of them poisons a ``PrioritizedSampler``
             for good). ``"raise"`` (default): raise
-            :class:`~rb_lightning.priorities.InvalidPriorityError` counting them.
+            :class:`~rb_lightning.stream.priorities.InvalidPriorityError` counting them.
             ``"replace"``: replace them with the sampler's current max priority
             (``1.0`` if unknown), log a warning with the count and keep
             training; :attr:`replaced_priorities` counts them over the run.
@@ -267,7 +267,7 @@ class ReplayBufferDataModule(LightningDataModule):
         self.persistent_workers = bool(persistent_workers)
         if not isinstance(prefetch_to_device, (bool, CopyEngine)):
             raise TypeError(
-                "prefetch_to_device must be True, False or a rb_lightning.device_prefetch."
+                "prefetch_to_device must be True, False or a rb_lightning.stream.device_prefetch."
                 f"CopyEngine, got {type(prefetch_to_device).__name__}."
             )
         self.prefetch_to_device = prefetch_to_device
@@ -612,7 +612,7 @@ class ReplayBufferDataModule(LightningDataModule):
         Call it from ``training_step``:
         ``self.trainer.datamodule.update_priority(batch, td_error.abs())``.
         NaN, infinite and negative priorities raise
-        :class:`~rb_lightning.priorities.InvalidPriorityError`, or are replaced
+        :class:`~rb_lightning.stream.priorities.InvalidPriorityError`, or are replaced
         with the current max priority when ``invalid_priority="replace"``.
         """
         if "index" not in batch.keys():
@@ -684,7 +684,7 @@ class ReplayBufferDataModule(LightningDataModule):
             >>> len(list(ds))  # "auto": 8 items / 4 per batch = 2 batches
             8
         """
-        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
 
         num_batches = self.num_batches
         if num_batches == AUTO:

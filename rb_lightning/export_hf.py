@@ -151,7 +151,7 @@ def _export(saved: Any, keys_given: list[str] | None, output: str) -> int:
     try:
         import datasets
 
-        from rb_lightning.hf import BOOKKEEPING_KEYS, to_hf_dataset
+        from rb_lightning.hf.export import BOOKKEEPING_KEYS, to_hf_dataset
     except ImportError as error:  # pragma: no cover - the hf extra is missing
         return _usage_error(
             f"{error}. Exporting needs the hf extra: pip install 'rb-lightning[hf]'."

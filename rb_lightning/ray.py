@@ -39,7 +39,7 @@ from typing import Any
 
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
 
-from rb_lightning.priorities import (
+from rb_lightning.stream.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
     check_priority,
@@ -125,7 +125,7 @@ class RayReplayBufferView(RayReplayBuffer):
     def update_priority(self, index: Any, priority: Any) -> None:
         """Send new priorities to the shared sampler, refusing NaN, inf and negative ones.
 
-        See :func:`rb_lightning.priorities.check_priority`.
+        See :func:`rb_lightning.stream.priorities.check_priority`.
         """
         priority = check_priority(
             priority,

@@ -60,8 +60,8 @@ from rb_lightning.checkpoint import (
 )
 from rb_lightning.columns import flat_name, leaf_keys
 from rb_lightning.errors import UsageError
-from rb_lightning.mixture import BufferMixture
-from rb_lightning.stream import SAMPLER_INFO_KEYS
+from rb_lightning.sources.mixture import BufferMixture
+from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS
 
 __all__ = ["SavedBuffer", "open_saved_buffer"]
 

@@ -19,7 +19,7 @@ from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning.errors import UsageError
-from rb_lightning.mixture import BufferMixture
+from rb_lightning.sources.mixture import BufferMixture
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,

@@ -17,7 +17,7 @@ from cli_helpers import REPO
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.cli import main
+from rb_lightning.runs.cli import main
 
 LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
 

@@ -9,7 +9,7 @@ import torch
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.hf import to_hf_dataset
+from rb_lightning.hf.export import to_hf_dataset
 from rb_lightning.llm.data import arithmetic_reward, fill_arithmetic_buffer, make_tokenizer
 
 trl = pytest.importorskip("trl")

@@ -118,7 +118,7 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
     from tensordict import TensorDict
 
     from rb_lightning import ReplayBufferBatchDataset
-    from rb_lightning.sharding import Shard
+    from rb_lightning.stream.sharding import Shard
 
     owner = _owner("seed")
     try:
@@ -142,7 +142,7 @@ def test_cartpole_dqn_ray_config_trains_from_the_shared_buffer(cluster, tmp_path
     pytest.importorskip("gymnasium")
     from torchrl.data import RayReplayBuffer
 
-    from rb_lightning.cli import main
+    from rb_lightning.runs.cli import main
 
     config = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn_ray.yaml"
     cli = main(

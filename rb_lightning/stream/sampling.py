@@ -15,7 +15,7 @@ Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
-    >>> from rb_lightning.stream import BufferStream
+    >>> from rb_lightning.stream.sampling import BufferStream
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=PrioritizedSampler(10, 0.7, 0.5))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
     >>> stream = BufferStream(rb, batch_size=4)
@@ -36,8 +36,8 @@ from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.pickling import pickled_without_generator, unpickle_buffer
-from rb_lightning.sharding import Shard, current_shard, draw_base_seed, is_remote
+from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
+from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed, is_remote
 from rb_lightning.validation import check_positive_int, check_replay_buffer
 
 #: Keys under which sampler info (storage index, importance weight) is attached
@@ -157,7 +157,7 @@ class BufferStream:
         (``shard.is_replica`` false) keeps the buffer's generator as it is.
 
         Args:
-            shard: Where this copy runs; default: :func:`~rb_lightning.sharding.current_shard`.
+            shard: Where this copy runs; default: :func:`~rb_lightning.stream.sharding.current_shard`.
         """
         shard = current_shard() if shard is None else shard
         if shard.is_replica and not is_remote(self._replay_buffer):

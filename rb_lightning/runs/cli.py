@@ -36,13 +36,13 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
-from rb_lightning import shipped_configs
+from rb_lightning.runs import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
 from rb_lightning.errors import ConfigError, UsageError
-from rb_lightning.progress import StepProgressBar
-from rb_lightning.report import RunReport
-from rb_lightning.runs import (
+from rb_lightning.runs.progress import StepProgressBar
+from rb_lightning.runs.report import RunReport
+from rb_lightning.runs.run_files import (
     RunCheckpoint,
     RunLogger,
     latest_checkpoint,
@@ -50,12 +50,12 @@ from rb_lightning.runs import (
     run_checkpoint,
     run_directories,
 )
-from rb_lightning.sources import SourceError
-from rb_lightning.startup import (
+from rb_lightning.runs.startup import (
     INTERRUPT_EXIT_CODE,
     hand_ctrl_c_to_the_trainer,
     stop_at_once_on_ctrl_c,
 )
+from rb_lightning.sources.buffer_sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2

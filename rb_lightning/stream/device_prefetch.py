@@ -23,7 +23,7 @@ the device copy only replaces it in ``transfer_batch_to_device``.
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
-    >>> from rb_lightning.device_prefetch import DevicePrefetcher, SyncCopy
+    >>> from rb_lightning.stream.device_prefetch import DevicePrefetcher, SyncCopy
     >>> prefetcher = DevicePrefetcher(SyncCopy(), torch.device("cpu"))
     >>> batch = TensorDict({"x": torch.arange(4)}, batch_size=[4])
     >>> prefetcher.submit(batch)  # when the loader hands the batch out

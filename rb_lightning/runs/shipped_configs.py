@@ -48,7 +48,7 @@ def config_dir() -> Path:
     Installed from a wheel they are ``rb_lightning/configs/``; in a clone or an
     editable install (``pip install -e .``) they are the repository's ``configs/``.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # rb_lightning/
     installed = package / "configs"
     if installed.is_dir():
         return installed

@@ -30,8 +30,8 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rb_lightning.curves import draw_curves, read_metrics
-from rb_lightning.runs import read_run_checkpoint
+from rb_lightning.runs.curves import draw_curves, read_metrics
+from rb_lightning.runs.run_files import read_run_checkpoint
 
 __all__ = ["RunReport"]
 
@@ -93,7 +93,9 @@ class RunReport(Callback):
         if interrupted and trainer.global_step == 0 and trainer.ckpt_path is None:
             removed = _remove_unstarted_run(trainer)
             where = f" (removed {_relative(removed)})" if removed else ""
-            print(f"fit stopped by Ctrl-C before its first step: nothing to resume{where}", flush=True)
+            print(
+                f"fit stopped by Ctrl-C before its first step: nothing to resume{where}", flush=True
+            )
             return
         metrics_file = _metrics_file(trainer)
         if metrics_file is not None and self.curves:

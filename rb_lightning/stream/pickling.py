@@ -3,7 +3,7 @@
 A ``ReplayBuffer(generator=...)`` pickles its generator state inside a
 TensorDict; sent to a spawned ``DataLoader`` worker, that state's shared-memory
 file fails to map in the child ("unable to resize file ... Invalid argument")
-and the worker dies. Workers re-seed their copy anyway (see :mod:`rb_lightning.sharding`), so
+and the worker dies. Workers re-seed their copy anyway (see :mod:`rb_lightning.stream.sharding`), so
 the buffer is pickled without its generator. The buffer itself is not changed.
 """
 

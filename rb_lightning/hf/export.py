@@ -23,7 +23,7 @@ Examples:
     >>> import torch
     >>> from tensordict import NonTensorData, NonTensorStack, TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.hf import to_hf_dataset
+    >>> from rb_lightning.hf.export import to_hf_dataset
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = rb.extend(TensorDict({
     ...     "input_ids": torch.arange(6).reshape(3, 2),
@@ -67,9 +67,9 @@ from rb_lightning.columns import (
 )
 from rb_lightning.columns import columns as batch_columns
 from rb_lightning.errors import UsageError
-from rb_lightning.mixture import is_mixture
-from rb_lightning.sharding import Shard, current_shard, is_remote
-from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.sources.mixture import is_mixture
+from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.stream.sharding import Shard, current_shard, is_remote
 from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -598,7 +598,7 @@ def to_hf_dataset(
     Args:
         source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
             an object with ``as_hf_dataset`` (the datasets of
-            :mod:`rb_lightning.dataset`, :class:`~rb_lightning.ReplayBufferDataModule`),
+            :mod:`rb_lightning.stream.datasets`, :class:`~rb_lightning.ReplayBufferDataModule`),
             to which the call is handed: its buffer, ``batch_size``, ``keys``,
             ``num_batches`` (and ``min_size``) are the defaults of the
             arguments below; or the path of a saved buffer: a Lightning run's

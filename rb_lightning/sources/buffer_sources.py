@@ -14,7 +14,7 @@ Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.sources import CallSource, LoadDirectory
+    >>> from rb_lightning.sources.buffer_sources import CallSource, LoadDirectory
     >>>
     >>> saved = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = saved.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))

@@ -54,8 +54,8 @@ from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
 from rb_lightning import torchrl_compat
-from rb_lightning.priorities import current_max_priority
-from rb_lightning.sources import BufferSource, SourceError
+from rb_lightning.sources.buffer_sources import BufferSource, SourceError
+from rb_lightning.stream.priorities import current_max_priority
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
@@ -365,7 +365,7 @@ class FillMembers(BufferSource):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-        >>> from rb_lightning.sources import CallSource
+        >>> from rb_lightning.sources.buffer_sources import CallSource
         >>> a = TensorDictReplayBuffer(storage=LazyTensorStorage(4))
         >>> b = TensorDictReplayBuffer(storage=LazyTensorStorage(4))
         >>> mix = BufferMixture({"a": a, "b": b})

@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import columns
-from rb_lightning.device_prefetch import DevicePrefetcher
-from rb_lightning.sharding import Shard, current_shard
-from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream  # noqa: F401 (re-exported)
+from rb_lightning.stream.device_prefetch import DevicePrefetcher
+from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream  # noqa: F401 (re-exported)
+from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.validation import (
     check_device,
     check_keys,
@@ -297,7 +297,7 @@ class ResumableBatchLoader(_BatchLoader):
         stream: The stream state this loader reports and restores.
 
     Keyword Args:
-        prefetcher: A :class:`~rb_lightning.device_prefetch.DevicePrefetcher` that starts
+        prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that starts
             the device copy of each batch as it is handed out (``None``: no prefetching).
             Batches are drawn when they would be without it; only their copy starts early.
         **loader_kwargs: ``num_workers``, ``pin_memory``, ... as for :func:`batch_loader`.
@@ -403,7 +403,7 @@ class _SampledDataset(IterableDataset):
             >>> len(list(ds))
             8
         """
-        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
 
         options = {"num_batches": self._num_batches, **options}
         if options.get("keys") is None:
@@ -721,7 +721,7 @@ class ReplayBufferPassDataset(IterableDataset):
             >>> [row["x"] for row in ReplayBufferPassDataset(rb, batch_size=2).as_hf_dataset()]
             [0, 1, 2, 3, 4]
         """
-        from rb_lightning.hf import to_hf_dataset  # imports `datasets`: only when asked
+        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
 
         options = {"streaming": False, **options}
         if options.get("keys") is None:
