@@ -36,10 +36,10 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
-from rb_lightning.runs import shipped_configs
 from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
 from rb_lightning.errors import ConfigError, UsageError
+from rb_lightning.runs import shipped_configs
 from rb_lightning.runs.progress import StepProgressBar
 from rb_lightning.runs.report import RunReport
 from rb_lightning.runs.run_files import (
