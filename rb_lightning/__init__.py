@@ -30,9 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
         ReplayBufferBatchDataset,
         ReplayBufferDataset,
         ReplayBufferPassDataset,
-        batch_loader,
-        keep_batch,
     )
+    from rb_lightning.stream.loader import batch_loader, keep_batch
     from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
 
 #: Public name -> the module that defines it.
@@ -52,9 +51,9 @@ _HOMES = {
     "StepProgressBar": "rb_lightning.runs.progress",
     "RBLightningError": "rb_lightning.errors",
     "UsageError": "rb_lightning.errors",
-    "batch_loader": "rb_lightning.stream.datasets",
+    "batch_loader": "rb_lightning.stream.loader",
     "from_hf_dataset": "rb_lightning.hf.export",
-    "keep_batch": "rb_lightning.stream.datasets",
+    "keep_batch": "rb_lightning.stream.loader",
     "to_hf_dataset": "rb_lightning.hf.export",
 }
 

@@ -36,13 +36,7 @@ from rb_lightning.columns import leaf_keys
 from rb_lightning.errors import UsageError
 from rb_lightning.sources.buffer_sources import BufferSource, SourceError
 from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
-from rb_lightning.stream.datasets import (
-    ReplayBufferBatchDataset,
-    ReplayBufferPassDataset,
-    ResumableBatchLoader,
-    StreamState,
-    batch_loader,
-)
+from rb_lightning.stream.datasets import ReplayBufferBatchDataset, ReplayBufferPassDataset
 from rb_lightning.stream.device_prefetch import (
     CopyEngine,
     DevicePrefetcher,
@@ -50,6 +44,7 @@ from rb_lightning.stream.device_prefetch import (
     default_copy_engine,
     storage_device,
 )
+from rb_lightning.stream.loader import ResumableBatchLoader, batch_loader
 from rb_lightning.stream.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -58,6 +53,7 @@ from rb_lightning.stream.priorities import (
 )
 from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
 from rb_lightning.stream.sharding import is_remote
+from rb_lightning.stream.state import StreamState
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
