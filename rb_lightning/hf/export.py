@@ -44,11 +44,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import numpy as np
@@ -66,10 +64,10 @@ from rb_lightning.columns import (
     normalize_key,
 )
 from rb_lightning.columns import columns as batch_columns
-from rb_lightning.errors import UsageError
-from rb_lightning.sources.mixture import is_mixture
+from rb_lightning.errors import ArgumentTypeError, MissingKeyError, UsageError
+from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
-from rb_lightning.stream.sharding import Shard, current_shard, is_remote
+from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.validation import check_keys, check_positive_int, check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,11 +139,7 @@ class _Plan:
         return self.stream.batch_size
 
 
-def _plan(
-    source: ReplayBuffer | BufferStream, batch_size: Any, keys: Any, num_batches: Any
-) -> _Plan:
-    if isinstance(source, ReplayBuffer):
-        source = BufferStream(source, DEFAULT_BATCH_SIZE)
+def _plan(source: BufferStream, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
     # A stream of its own: the export seeds and counts it, the source's stays as it is.
     stream = BufferStream(
         source.replay_buffer,
@@ -164,9 +158,10 @@ def _plan(
 def _tensor_feature(dtype: torch.dtype, dims: Sequence[int], fixed: bool) -> Any:
     datasets, _ = _require_hf()
     if dtype not in _TORCH_TO_HF:
-        raise TypeError(
+        raise ArgumentTypeError(
+            "keys",
             f"Tensors of dtype {dtype} have no Arrow type; convert that key (e.g. to float32) "
-            "or leave it out with keys=[...]."
+            "or leave it out with keys=[...].",
         )
     feature: Any = datasets.Value(_TORCH_TO_HF[dtype])
     for size in reversed(dims):
@@ -192,9 +187,10 @@ def _column_feature(name: str, col: torch.Tensor | list[Any], fixed: bool) -> An
     try:
         arrow_type = pa.array(col).type
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise TypeError(
+        raise ArgumentTypeError(
+            "features",
             f"Column {name!r} holds {type(sample).__name__} values that Arrow cannot store "
-            f"({err}). Leave it out with keys=[...] or pass features={{{name!r}: ...}}."
+            f"({err}). Leave it out with keys=[...] or pass features={{{name!r}: ...}}.",
         ) from None
     return datasets.features.features.generate_from_arrow_type(arrow_type)
 
@@ -236,7 +232,7 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
     else:
         selected = list(keys)
     check_unique_names(selected)
-    members = replay_buffer.members.values() if is_mixture(replay_buffer) else [replay_buffer]
+    members = resolve_buffer(replay_buffer).in_process_buffers()
     fixed = all(isinstance(rb.storage, TensorStorage) for rb in members)
     cols = batch_columns(probe, selected)
     return datasets.Features({n: _column_feature(n, c, fixed) for n, c in cols.items()})
@@ -244,18 +240,17 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
 
 def _read(replay_buffer: ReplayBuffer, start: int, stop: int) -> Any:
     """Stored items ``start:stop``; a mixture's with their ``"source"`` column."""
-    if is_mixture(replay_buffer):
-        return replay_buffer.items(start, stop)
-    return replay_buffer[start:stop]
+    return resolve_buffer(replay_buffer).read(start, stop)
 
 
 def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, NestedKey]]:
     """Features of the export and the buffer key behind each column."""
     datasets, _ = _require_hf()
     if features is not None and not isinstance(features, Mapping):
-        raise TypeError(
+        raise ArgumentTypeError(
+            "features",
             f"features must be a datasets.Features or a dict {{column: feature}}, got "
-            f"{type(features).__name__}."
+            f"{type(features).__name__}.",
         )
     if len(plan.replay_buffer) == 0:
         if not features:
@@ -267,16 +262,18 @@ def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, Nested
         keys = plan.keys or [_key_of(name) for name in resolved]
         unknown = set(features or {}) - set(resolved)
         if unknown:
-            raise ValueError(
+            raise UsageError(
+                "features",
                 f"features names columns {sorted(unknown)} that the buffer does not have; "
-                f"its columns are {list(resolved)}. Nested keys are named 'a.b'."
+                f"its columns are {list(resolved)}. Nested keys are named 'a.b'.",
             )
         resolved.update(dict(features or {}))
     by_name = {flat_name(k): k for k in keys}
     missing = [name for name in resolved if name not in by_name]
     if missing:
-        raise ValueError(
-            f"features names columns {missing} that keys={plan.keys} leaves out; add them to keys."
+        raise UsageError(
+            "features",
+            f"features names columns {missing} that keys={plan.keys} leaves out; add them to keys.",
         )
     return resolved, {name: by_name[name] for name in resolved}
 
@@ -320,9 +317,10 @@ def _arrow_column(name: str, col: torch.Tensor | list[Any], arrow_type: pa.DataT
             values = pa.array(col)
         return values if values.type == arrow_type else values.cast(arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
-        raise TypeError(
+        raise ArgumentTypeError(
+            "features",
             f"Column {name!r} does not fit its feature (Arrow type {arrow_type}): {err}. Pass "
-            f"features={{{name!r}: ...}} matching the buffer, or leave it out with keys=[...]."
+            f"features={{{name!r}: ...}} matching the buffer, or leave it out with keys=[...].",
         ) from None
 
 
@@ -367,8 +365,6 @@ def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tup
         pass_ = spec_.passes
         spec_.passes += 1
     else:
-        if shard.world_size > 1 and shard.worker_seed is None:  # a rank's own process
-            _refuse_group_trainer(shard.world_size)
         # A copy of the buffer in a worker process or on another rank: draw its own stream.
         sampler.seed_replica(shard)
     sampler.wait_until_ready()
@@ -385,48 +381,6 @@ def _sampled_tables(shards: list[int], spec: tuple[_StreamSpec]) -> Iterator[tup
             sampler.reseed(_batch_seed(spec_.seed, pass_, drawn))
         batch = sampler.sample()
         yield f"{shards[0]}_{drawn}", _arrow_table(batch, spec_.columns, spec_.schema)
-
-
-def _group_trainer() -> Any:
-    """The TRL trainer iterating this stream if it trains on groups (GRPO, RLOO), else None.
-
-    Read from the calling frames, and from the main thread's (``datasets``
-    reads streams in a prefetch thread while the trainer's loop waits in the
-    main thread): nothing else tells a dataset who consumes it.
-    """
-    import threading
-
-    stacks: list[FrameType | None] = [sys._getframe(1)]
-    main = threading.main_thread().ident
-    if main is not None:
-        stacks.append(sys._current_frames().get(main))
-    for frame in stacks:
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            if (
-                owner is not None
-                and type(owner).__module__.startswith("trl.")
-                and isinstance(getattr(owner, "num_generations", None), int)
-            ):
-                return owner
-            frame = frame.f_back
-    return None
-
-
-def _refuse_group_trainer(world_size: int) -> None:
-    trainer = _group_trainer()
-    if trainer is None:
-        return
-    raise UsageError(
-        "ranks",
-        f"to_hf_dataset(..., ranks='per_rank') gives each of the {world_size} processes its own "
-        f"random stream, but {type(trainer).__name__} builds each group of "
-        f"num_generations={trainer.num_generations} completions from one prompt repeated in a "
-        "stream that Accelerate slices across processes, so the groups would silently mix "
-        "prompts and the advantages would be wrong. Export with ranks='identical' (the default; "
-        "same seed and the same buffer content on every process, e.g. load_buffer of one dump) "
-        "or export a snapshot with streaming=False.",
-    )
 
 
 def _check_ranks(
@@ -470,7 +424,8 @@ def _check_identical_source(replay_buffer: ReplayBuffer) -> None:
         SliceSampler,
     )
 
-    if is_remote(replay_buffer):
+    handle = resolve_buffer(replay_buffer)
+    if not handle.samples_in_process:
         raise UsageError(
             "ranks",
             "ranks='identical' needs a local copy of the buffer on every process, but this buffer "
@@ -478,22 +433,18 @@ def _check_identical_source(replay_buffer: ReplayBuffer) -> None:
             "different batches. Dump it once and load_buffer the dump on every process, or "
             "export a snapshot with streaming=False.",
         )
-    if is_mixture(replay_buffer):
-        for member in replay_buffer.members.values():
-            _check_identical_source(member)
-        return
-    sampler = replay_buffer.sampler
     stateless = (RandomSampler, PrioritizedSampler, SliceSampler)
-    if isinstance(sampler, SamplerWithoutReplacement) or not isinstance(sampler, stateless):
-        raise UsageError(
-            "ranks",
-            f"ranks='identical' re-seeds the buffer before every batch so that all processes draw "
-            f"the same one, but {type(sampler).__name__} also draws from its own state (what it "
-            "already handed out), which a read-ahead on one process can advance more than on "
-            "another. To read every item once, export a snapshot (streaming=False); to sample, "
-            "use RandomSampler or PrioritizedSampler; or pass ranks='per_rank' (not for GRPO on "
-            "several processes).",
-        )
+    for sampler in [rb.sampler for rb in handle.in_process_buffers()]:
+        if isinstance(sampler, SamplerWithoutReplacement) or not isinstance(sampler, stateless):
+            raise UsageError(
+                "ranks",
+                f"ranks='identical' re-seeds the buffer before every batch so that all processes draw "
+                f"the same one, but {type(sampler).__name__} also draws from its own state (what it "
+                "already handed out), which a read-ahead on one process can advance more than on "
+                "another. To read every item once, export a snapshot (streaming=False); to sample, "
+                "use RandomSampler or PrioritizedSampler; or pass ranks='per_rank' (not for GRPO on "
+                "several processes).",
+            )
 
 
 def _stream(
@@ -516,9 +467,10 @@ def _stream(
             n_shards = min(plan.num_batches, DEFAULT_STREAM_SHARDS)
     n_shards = check_positive_int(n_shards, "n_shards")
     if plan.num_batches is not None and n_shards > plan.num_batches:
-        raise ValueError(
+        raise UsageError(
+            "n_shards",
             f"n_shards={n_shards} exceeds num_batches={plan.num_batches}: some shards would be "
-            "empty. Lower n_shards, or raise num_batches."
+            "empty. Lower n_shards, or raise num_batches.",
         )
     spec = _StreamSpec(
         plan.stream, columns, features.arrow_schema, plan.num_batches, n_shards, ranks, seed
@@ -569,22 +521,42 @@ def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
 
 # -- public API ----------------------------------------------------------------------------------
 class SupportsHFExport(Protocol):
-    """What :func:`to_hf_dataset` accepts besides a buffer and a stream: an ``as_hf_dataset``.
+    """What :func:`to_hf_dataset` accepts besides a buffer and a stream.
 
     :class:`~rb_lightning.ReplayBufferDataset`, :class:`~rb_lightning.ReplayBufferBatchDataset`,
     :class:`~rb_lightning.ReplayBufferPassDataset` and
-    :class:`~rb_lightning.ReplayBufferDataModule` have one: it fills in their own
-    sampling arguments and calls :func:`to_hf_dataset` with their
-    :class:`~rb_lightning.stream.BufferStream`.
+    :class:`~rb_lightning.ReplayBufferDataModule` describe what they sample:
+    ``hf_export_defaults()`` returns ``{"stream": BufferStream, ...}`` with optional
+    ``keys``, ``num_batches`` and ``streaming``, which :func:`to_hf_dataset`'s own
+    arguments override. (Their ``as_hf_dataset(**options)`` is
+    ``to_hf_dataset(self, **options)``.)
     """
 
-    def as_hf_dataset(self, **options: Any) -> Any: ...
+    def hf_export_defaults(self) -> dict[str, Any]: ...
+
+
+def _export_defaults(source: Any) -> dict[str, Any]:
+    """``{"stream": BufferStream, ...}``: what ``source`` samples unless told otherwise."""
+    if isinstance(source, ReplayBuffer):
+        return {"stream": BufferStream(source, DEFAULT_BATCH_SIZE)}
+    if isinstance(source, BufferStream):
+        return {"stream": source}
+    defaults = getattr(source, "hf_export_defaults", None)
+    if not callable(defaults):
+        raise ArgumentTypeError(
+            "source",
+            "to_hf_dataset(source) takes a torchrl ReplayBuffer, a BufferStream, a saved run or "
+            "dump (a path), or a dataset or DataModule of rb_lightning (ReplayBufferDataset, "
+            f"ReplayBufferBatchDataset, ReplayBufferPassDataset, ReplayBufferDataModule), got "
+            f"{type(source).__name__}.",
+        )
+    return dict(defaults())
 
 
 def to_hf_dataset(
     source: ReplayBuffer | BufferStream | SupportsHFExport | str | os.PathLike[str],
     *,
-    streaming: bool = True,
+    streaming: bool | None = None,
     keys: list[NestedKey] | None = None,
     num_batches: int | None = _UNSET,
     batch_size: int | None = None,
@@ -597,11 +569,10 @@ def to_hf_dataset(
 
     Args:
         source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
-            an object with ``as_hf_dataset`` (the datasets of
-            :mod:`rb_lightning.stream.datasets`, :class:`~rb_lightning.ReplayBufferDataModule`),
-            to which the call is handed: its buffer, ``batch_size``, ``keys``,
-            ``num_batches`` (and ``min_size``) are the defaults of the
-            arguments below; or the path of a saved buffer: a Lightning run's
+            a dataset of :mod:`rb_lightning.stream.datasets` or a
+            :class:`~rb_lightning.ReplayBufferDataModule` (:class:`SupportsHFExport`:
+            its buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
+            and snapshot-or-stream are the defaults of the arguments below); or the path of a saved buffer: a Lightning run's
             directory or ``.ckpt``, a dump (read by
             :func:`rb_lightning.saved.open_saved_buffer`; all members or ranks
             of a mixture or DDP checkpoint, with a ``"source"`` column).
@@ -610,7 +581,8 @@ def to_hf_dataset(
         streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
             buffer (items written later are seen). ``False``: a
             ``datasets.Dataset`` snapshot of the current content, in storage
-            order, each item once.
+            order, each item once. Default: the source's (a
+            ``ReplayBufferPassDataset`` is a snapshot), else ``True``.
         keys: Buffer keys to export (nested keys as tuples); default: all but
             torchrl's bookkeeping (``index``, ``priority_weight``:
             :data:`BOOKKEEPING_KEYS`), which a trainer does not read.
@@ -639,9 +611,9 @@ def to_hf_dataset(
             ``GRPOTrainer``. ``"per_rank"``: each process and DataLoader worker
             draws its own random stream from its own shards (several workers
             read in parallel; right when each rank holds its own buffer, for
-            SFT / DPO / ``Trainer``). A group trainer (GRPO, RLOO) iterating a
-            ``"per_rank"`` stream on several processes raises
-            :class:`~rb_lightning.UsageError`: its groups would mix prompts.
+            SFT / DPO / ``Trainer``). Not for a group trainer (GRPO, RLOO) on
+            several processes: it slices each group across processes, so its
+            groups would mix prompts (docs/trl.md).
         seed: ``ranks="identical"`` only: the stream's seed (default 0); give
             every process the same.
 
@@ -679,35 +651,20 @@ def to_hf_dataset(
         from rb_lightning.saved import open_saved_buffer
 
         source = open_saved_buffer(source).replay_buffer
-    if not isinstance(source, (ReplayBuffer, BufferStream)):
-        as_hf_dataset = getattr(source, "as_hf_dataset", None)
-        if not callable(as_hf_dataset):
-            raise TypeError(
-                "to_hf_dataset(source) takes a torchrl ReplayBuffer, a BufferStream, or an object "
-                "with as_hf_dataset() (ReplayBufferDataset, ReplayBufferBatchDataset, "
-                f"ReplayBufferDataModule), got {type(source).__name__}."
-            )
-        options: dict[str, Any] = dict(
-            streaming=streaming,
-            keys=keys,
-            batch_size=batch_size,
-            features=features,
-            n_shards=n_shards,
-            ranks=ranks,
-            seed=seed,
-        )
-        if num_batches is not _UNSET:
-            options["num_batches"] = num_batches
-        return as_hf_dataset(**options)
-    plan = _plan(source, batch_size, keys, num_batches)
+    given = _export_defaults(source)
+    keys = given.get("keys") if keys is None else keys
+    num_batches = given.get("num_batches", _UNSET) if num_batches is _UNSET else num_batches
+    streaming = given.get("streaming", True) if streaming is None else streaming
+    plan = _plan(given["stream"], batch_size, keys, num_batches)
     resolved, columns = _resolve_features(plan, features)
     if streaming:
         ranks, stream_seed = _check_ranks(ranks, seed, n_shards)
         return _stream(plan, resolved, columns, n_shards, ranks, stream_seed)
     if n_shards is not None:
-        raise ValueError(
+        raise UsageError(
+            "n_shards",
             "n_shards applies to streaming=True only; shard a snapshot with "
-            "dataset.shard(...) or datasets.distributed.split_dataset_by_node."
+            "dataset.shard(...) or datasets.distributed.split_dataset_by_node.",
         )
     return _snapshot(plan, resolved, columns)
 
@@ -726,10 +683,11 @@ def _arrow_to_value(name: str, array: pa.Array) -> torch.Tensor | NonTensorStack
         else:
             lengths = np.asarray(values.value_lengths().fill_null(0))
             if len(lengths) and (lengths != lengths[0]).any():
-                raise ValueError(
+                raise UsageError(
+                    "keys",
                     f"Column {name!r} holds lists of different lengths ({lengths.min()} to "
                     f"{lengths.max()}); a tensor storage needs one shape. Pad them first (e.g. "
-                    "tokenizer(..., padding='max_length')) or leave the column out with keys=[...]."
+                    "tokenizer(..., padding='max_length')) or leave the column out with keys=[...].",
                 )
             size = int(lengths[0]) if len(lengths) else 0
         shape.append(size)
@@ -779,14 +737,17 @@ def from_hf_dataset(
     """
     datasets, _ = _require_hf()
     if not isinstance(dataset, datasets.Dataset):
-        raise TypeError(
+        raise ArgumentTypeError(
+            "dataset",
             f"from_hf_dataset needs a datasets.Dataset, got {type(dataset).__name__}. "
-            "Materialize a stream first: datasets.Dataset.from_list(list(stream.take(n)))."
+            "Materialize a stream first: datasets.Dataset.from_list(list(stream.take(n))).",
         )
     names = list(dataset.column_names if columns is None else columns)
     unknown = [n for n in names if n not in dataset.column_names]
     if unknown:
-        raise ValueError(f"columns {unknown} are not in the dataset ({dataset.column_names}).")
+        raise MissingKeyError(
+            "columns", f"columns {unknown} are not in the dataset ({dataset.column_names})."
+        )
     if replay_buffer is None:
         replay_buffer = ReplayBuffer(storage=LazyTensorStorage(max(1, len(dataset))))
     check_replay_buffer(replay_buffer)

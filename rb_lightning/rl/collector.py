@@ -18,8 +18,8 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
-from rb_lightning.errors import UsageError
-from rb_lightning.sources.mixture import BufferMixture
+from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -163,19 +163,23 @@ class OnlineCollector(Callback):
     ) -> None:
         super().__init__()
         if not isinstance(env, (str, EnvBase)):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "env",
                 f"env must be a gymnasium id such as 'CartPole-v1' or a torchrl EnvBase, got "
-                f"{type(env).__name__}."
+                f"{type(env).__name__}.",
             )
         if env_kwargs and not isinstance(env, str):
-            raise ValueError("env_kwargs only applies when env is a gymnasium id (a string).")
+            raise UsageError(
+                "env_kwargs", "env_kwargs only applies when env is a gymnasium id (a string)."
+            )
         self.env = env
         self.env_kwargs = dict(env_kwargs or {})
         self.num_envs = check_positive_int(num_envs, "num_envs")
         if num_envs > 1 and not isinstance(env, str):
-            raise ValueError(
+            raise UsageError(
+                "num_envs",
                 "num_envs applies when env is a gymnasium id (a string); batch a torchrl env "
-                "yourself (e.g. torchrl.envs.SerialEnv) and pass it with num_envs=1."
+                "yourself (e.g. torchrl.envs.SerialEnv) and pass it with num_envs=1.",
             )
         self.init_random_frames = check_non_negative_int(init_random_frames, "init_random_frames")
         self.frames_per_step = check_positive_int(frames_per_step, "frames_per_step")
@@ -221,40 +225,18 @@ class OnlineCollector(Callback):
         return env
 
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
-        buffer = self._target_buffer(trainer)
-        if isinstance(buffer, BufferMixture):
-            if self.member is None:
-                raise UsageError(
-                    "member",
-                    f"OnlineCollector writes to one buffer, and the replay buffer is a "
-                    f"BufferMixture of {buffer.names}. Name the member to fill: "
-                    f"OnlineCollector(member={buffer.names[-1]!r}) (in a config: "
-                    f"init_args.member: {buffer.names[-1]}).",
-                )
-            if self.member not in buffer.names:
-                raise UsageError(
-                    "member",
-                    f"OnlineCollector(member={self.member!r}): the mixture has no such member; "
-                    f"its members are {buffer.names}.",
-                )
-            return buffer.member(self.member)
-        if self.member is not None:
-            raise UsageError(
-                "member",
-                f"OnlineCollector(member={self.member!r}) names a member of a BufferMixture, but "
-                f"the replay buffer is a {type(buffer).__name__}. Drop member, or train with a "
-                "BufferMixture.",
-            )
-        return buffer
+        # The buffer's handle says where a collector writes (a mixture: the named member).
+        return resolve_buffer(self._target_buffer(trainer)).writer(self.member)
 
     def _target_buffer(self, trainer: Trainer) -> ReplayBuffer:
         if self.replay_buffer is not None:
             return self.replay_buffer
         buffer = getattr(trainer.datamodule, "replay_buffer", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if not isinstance(buffer, ReplayBuffer):
-            raise ValueError(
+            raise UsageError(
+                "replay_buffer",
                 "OnlineCollector has no replay buffer to fill: pass replay_buffer=... or train "
-                "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule)."
+                "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule).",
             )
         return buffer
 
@@ -262,16 +244,18 @@ class OnlineCollector(Callback):
     def _resolve_policy(pl_module: LightningModule) -> TensorDictModuleBase:
         make_policy: Callable[[], Any] | None = getattr(pl_module, "collection_policy", None)
         if not callable(make_policy):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "model",
                 f"OnlineCollector needs {type(pl_module).__name__}.collection_policy(): a method "
                 "returning the acting TensorDictModule (with exploration) that shares the "
-                "module's weights. See rb_lightning.rl.DQN for an example."
+                "module's weights. See rb_lightning.rl.DQN for an example.",
             )
         policy = make_policy()
         if not isinstance(policy, TensorDictModuleBase):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "model",
                 "collection_policy() must return a tensordict.nn.TensorDictModuleBase, got "
-                f"{type(policy).__name__}."
+                f"{type(policy).__name__}.",
             )
         return policy
 
@@ -284,16 +268,18 @@ class OnlineCollector(Callback):
         for key in env.action_keys:
             action = out.get(key, None)
             if action is None:
-                raise ValueError(
-                    f"collection_policy() did not write the environment's action key {key!r}."
+                raise UsageError(
+                    "model",
+                    f"collection_policy() did not write the environment's action key {key!r}.",
                 )
             if not env.full_action_spec[key].is_in(action.to(env.device)):
-                raise ValueError(
+                raise UsageError(
+                    "model",
                     f"collection_policy() wrote {key!r} with shape {tuple(action.shape)} and "
                     f"dtype {action.dtype}, outside the environment's action spec "
                     f"{env.full_action_spec[key]}. For a discrete gymnasium env with an "
                     "integer-action policy pass env_kwargs={'categorical_action_encoding': True}; "
-                    "check the module's observation/action sizes."
+                    "check the module's observation/action sizes.",
                 )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -303,11 +289,12 @@ class OnlineCollector(Callback):
         self._resolve_buffer(trainer)
         workers = getattr(trainer.datamodule, "num_workers", 0)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if self.replay_buffer is None and workers:
-            raise ValueError(
+            raise UsageError(
+                "num_workers",
                 f"OnlineCollector writes into the buffer in the training process, but the "
                 f"DataModule samples it in num_workers={workers} worker processes that hold "
                 "their own copy and would never see a collected frame. Use num_workers=0 "
-                "(sampling in-process is fast)."
+                "(sampling in-process is fast).",
             )
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -324,9 +311,10 @@ class OnlineCollector(Callback):
         self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
         self._iterator = iter(self.collector)
         if len(self._buffer) == 0:
-            raise ValueError(
+            raise UsageError(
+                "init_random_frames",
                 "The replay buffer is still empty when training starts: set "
-                "init_random_frames >= 1 or fill the buffer before fit."
+                "init_random_frames >= 1 or fill the buffer before fit.",
             )
         self._clock = (time.perf_counter(), 0)
 
@@ -335,9 +323,10 @@ class OnlineCollector(Callback):
             return None
         gamma = self.gamma if self.gamma is not None else pl_module.hparams.get("gamma")
         if gamma is None:
-            raise ValueError(
+            raise UsageError(
+                "gamma",
                 f"OnlineCollector(n_steps={self.n_steps}) discounts n-step rewards, but neither "
-                f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=..."
+                f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=...",
             )
         return MultiStep(gamma=float(gamma), n_steps=self.n_steps)
 
@@ -402,10 +391,11 @@ class OnlineCollector(Callback):
         optional = {"steps_to_next_obs"} if self.n_steps == 1 else set()
         missing = [k for k in self.keys or [] if k not in present and k not in optional]
         if missing:
-            raise ValueError(
+            raise UsageError(
+                "keys",
                 f"OnlineCollector(keys=...): {missing} are not in the collected frames, which "
                 f"have {sorted(present, key=str)}. Fix the names (nested keys are lists in YAML, "
-                "[next, reward]) or pass keys=None to store every key."
+                "[next, reward]) or pass keys=None to store every key.",
             )
 
     def on_train_batch_end(

@@ -36,9 +36,8 @@ from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
-from rb_lightning.checkpoint import BufferCheckpointError
 from rb_lightning.columns import normalize_key
-from rb_lightning.errors import ConfigError, UsageError
+from rb_lightning.errors import ConfigError, RBLightningError, SourceError, UsageError
 from rb_lightning.runs import shipped_configs
 from rb_lightning.runs.progress import StepProgressBar
 from rb_lightning.runs.report import RunReport
@@ -55,7 +54,6 @@ from rb_lightning.runs.startup import (
     hand_ctrl_c_to_the_trainer,
     stop_at_once_on_ctrl_c,
 )
-from rb_lightning.sources.buffer_sources import SourceError
 
 #: Exit code of a run stopped by a config error (argparse's code for usage errors).
 CONFIG_ERROR_EXIT_CODE = 2
@@ -82,7 +80,7 @@ def _nested_key_from_yaml(value: Any) -> NestedKey:
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return normalize_key(tuple(value))
-    raise ValueError(f"a nested key is a string or a list of strings, got {value!r}")
+    raise UsageError("key", f"a nested key is a string or a list of strings, got {value!r}.")
 
 
 register_type(
@@ -443,13 +441,13 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             save_config_kwargs={"overwrite": True},
             typed_args=typed,
         )
-    except (ConfigError, SourceError, UsageError, BufferCheckpointError) as err:
+    except RBLightningError as err:  # every error a user can cause: one paragraph, exit 2
         if os.environ.get(_DEBUG_ENV):
             raise
         message = _one_paragraph(str(err))
         if isinstance(err, SourceError):
             message = f"config error at data.init_args.{err.argument}: {message}"
-        elif isinstance(err, UsageError):
+        elif err.argument is not None and not isinstance(err, ConfigError):
             message = f"{message} (argument: {err.argument})"
         print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
@@ -677,6 +675,9 @@ def _instantiation_error(err: BaseException, config: Any) -> ConfigError:
             if matches:
                 key, class_path = matches[0]
         tb = tb.tb_next
+    if isinstance(leaf, UsageError) and key and key != "trainer":
+        # Our own argument check: it names the argument, so the key can too.
+        return ConfigError(f"{key}.init_args.{leaf.argument}", _one_paragraph(str(leaf)))
     what = f"{class_path}(...) raised " if class_path else ""
     reason = f"{what}{type(leaf).__name__}: {_one_paragraph(str(leaf))}"
     if isinstance(leaf, ConnectionError) and "ray" in str(leaf).lower():

@@ -37,12 +37,13 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.errors import SourceError
+from rb_lightning.errors import ArgumentTypeError, PathNotFoundError, SourceError, UsageError
 from rb_lightning.torchrl_compat import DUMPS_MARKER, is_dumps_directory, loads_with_strings
 
 
@@ -87,12 +88,15 @@ class LoadDirectory(BufferSource):
                 else "Point path at a directory written by ReplayBuffer.dumps(path), e.g. one "
                 "made by `python -m rb_lightning.llm.make_offline_buffer <dir>`."
             )
-            raise FileNotFoundError(f"LoadDirectory(path={str(path)!r}): no such directory. {how}")
+            raise PathNotFoundError(
+                f"LoadDirectory(path={str(path)!r}): no such directory. {how}", argument="path"
+            )
         if not is_dumps_directory(self.path):
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"LoadDirectory(path={str(path)!r}): the directory has no {DUMPS_MARKER}, so it "
                 "was not written by ReplayBuffer.dumps(path). Point path at the directory that "
-                "dumps wrote (the one holding storage/, sampler/ and writer/)."
+                "dumps wrote (the one holding storage/, sampler/ and writer/).",
+                argument="path",
             )
 
     def fill(self, replay_buffer: ReplayBuffer) -> None:
@@ -182,9 +186,10 @@ def resolve_callable(spec: str) -> Callable[..., Any]:
     """
     module_name, sep, attr_path = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not (sep and module_name and attr_path):
-        raise ValueError(
+        raise UsageError(
+            "function",
             f"function={spec!r} must be 'package.module:function', with a colon between the "
-            "module to import and the name in it, e.g. 'rb_lightning.llm.data:fill_arithmetic_buffer'."
+            "module to import and the name in it, e.g. 'rb_lightning.llm.data:fill_arithmetic_buffer'.",
         )
     try:
         target: Any = importlib.import_module(module_name)
@@ -201,8 +206,76 @@ def resolve_callable(spec: str) -> Callable[..., Any]:
             )
         target = getattr(target, part)
     if not callable(target):
-        raise TypeError(f"function={spec!r} names a {type(target).__name__}, not a callable.")
+        raise ArgumentTypeError(
+            "function", f"function={spec!r} names a {type(target).__name__}, not a callable."
+        )
     return target
+
+
+@dataclass
+class PendingFill:
+    """A source that still has to fill its buffer, and the argument that named it."""
+
+    argument: str
+    source: BufferSource
+    replay_buffer: ReplayBuffer
+
+    def fill(self) -> bool:
+        """Fill the buffer; a :class:`SourceError` names :attr:`argument`. Returns ``True``."""
+        try:
+            self.source.fill(self.replay_buffer)
+        except SourceError as err:
+            if err.argument == self.argument:
+                raise
+            raise SourceError(str(err), argument=self.argument) from err
+        return True
+
+
+#: Which DataModule sources each Lightning stage fills.
+SOURCES_FOR_STAGE = {
+    "fit": ("source", "val_source"),
+    "validate": ("val_source",),
+    "test": ("test_source",),
+}
+
+
+def fill_for_stage(pending: list[PendingFill], stage: str) -> list[PendingFill]:
+    """Run the fills ``stage`` reads from (:data:`SOURCES_FOR_STAGE`); return the others."""
+    wanted = SOURCES_FOR_STAGE.get(stage, ())
+    return [fill for fill in pending if not (fill.argument in wanted and fill.fill())]
+
+
+def fill_sources(**sources: tuple[Any, ReplayBuffer | None, str]) -> list[PendingFill]:
+    """Check ``argument=(source, buffer, buffer_argument)`` triples; return the fills to run.
+
+    A source must be a :class:`BufferSource` and must have a buffer to fill.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> [f.argument for f in fill_sources(source=(None, rb, "replay_buffer"))]
+        []
+        >>> fill_sources(val_source=(CallSource("math:sqrt"), None, "val_buffer"))
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.UsageError: val_source fills val_buffer, but no val_buffer was given.
+    """
+    pending = []
+    for argument, (source, buffer, buffer_argument) in sources.items():
+        if source is None:
+            continue
+        if not isinstance(source, BufferSource):
+            raise ArgumentTypeError(
+                argument,
+                f"{argument} must be a rb_lightning.sources.BufferSource (LoadDirectory, "
+                f"CallSource), got {type(source).__name__}.",
+            )
+        if buffer is None:
+            raise UsageError(
+                argument, f"{argument} fills {buffer_argument}, but no {buffer_argument} was given."
+            )
+        pending.append(PendingFill(argument, source, buffer))
+    return pending
 
 
 def _describe(replay_buffer: ReplayBuffer) -> str:
@@ -220,5 +293,9 @@ __all__ = [
     "CallSource",
     "LoadDirectory",
     "SourceError",
+    "SOURCES_FOR_STAGE",
+    "PendingFill",
+    "fill_for_stage",
+    "fill_sources",
     "resolve_callable",
 ]

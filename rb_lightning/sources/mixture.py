@@ -54,6 +54,7 @@ from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
 from rb_lightning import torchrl_compat
+from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
 from rb_lightning.sources.buffer_sources import BufferSource, SourceError
 from rb_lightning.stream.priorities import current_max_priority
 from rb_lightning.validation import check_replay_buffer
@@ -72,20 +73,23 @@ def is_mixture(replay_buffer: Any) -> TypeGuard[BufferMixture]:
 def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise ValueError(
+        raise UsageError(
+            what,
             f"BufferMixture({what}=...) names {unknown}, which are not members; the members "
-            f"are {names}. Give one {what[:-1]} per member name."
+            f"are {names}. Give one {what[:-1]} per member name.",
         )
     missing = [name for name in names if name not in given]
     if missing:
-        raise ValueError(
+        raise UsageError(
+            what,
             f"BufferMixture({what}=...) has no value for {missing}. Give one per member "
-            f"({names}), 0 to leave a member out of sampling."
+            f"({names}), 0 to leave a member out of sampling.",
         )
     values = [float(given[name]) for name in names]
     if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(
-            f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0."
+        raise UsageError(
+            what,
+            f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0.",
         )
     return values
 
@@ -133,19 +137,23 @@ class BufferMixture(ReplayBufferEnsemble):
         weights: Mapping[str, float] | None = None,
     ) -> None:
         if not isinstance(members, Mapping) or not members:
-            raise TypeError(
+            raise ArgumentTypeError(
+                "members",
                 "BufferMixture(members=...) takes a dict of name -> ReplayBuffer with at least "
-                f"one member, got {members!r}."
+                f"one member, got {members!r}.",
             )
         if fractions is not None and weights is not None:
-            raise ValueError(
+            raise UsageError(
+                "fractions",
                 "BufferMixture takes fractions= (exact shares of every batch) or weights= "
-                "(random per item), not both."
+                "(random per item), not both.",
             )
         names = [str(name) for name in members]
         buffers = [check_replay_buffer(rb, f"members[{name!r}]") for name, rb in members.items()]
         if len({id(rb) for rb in buffers}) != len(buffers):
-            raise ValueError("BufferMixture(members=...): each member must be a different buffer.")
+            raise UsageError(
+                "members", "BufferMixture(members=...): each member must be a different buffer."
+            )
         self._names = names
         self._members = dict(zip(names, buffers, strict=False))
         self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
@@ -179,8 +187,8 @@ class BufferMixture(ReplayBufferEnsemble):
         try:
             return self._members[name]
         except KeyError:
-            raise KeyError(
-                f"The mixture has no member {name!r}; its members are {self._names}."
+            raise MissingKeyError(
+                "member", f"The mixture has no member {name!r}; its members are {self._names}."
             ) from None
 
     @property
@@ -223,11 +231,12 @@ class BufferMixture(ReplayBufferEnsemble):
             exact = [f * batch_size for f in self._fractions]
             counts = [round(c) for c in exact]
             if any(abs(c - e) > 1e-6 for c, e in zip(counts, exact, strict=False)):
-                raise ValueError(
+                raise UsageError(
+                    "batch_size",
                     f"BufferMixture(fractions={self.fractions}) with batch_size={batch_size} "
                     f"gives {exact} items per member, not whole numbers. Choose a batch_size "
                     "that every fraction divides into whole items (e.g. a multiple of 2 for "
-                    "50/50), or use weights= for random shares."
+                    "50/50), or use weights= for random shares.",
                 )
             return counts
         probabilities = torch.tensor(self._weights, dtype=torch.float)
@@ -243,7 +252,7 @@ class BufferMixture(ReplayBufferEnsemble):
         if batch_size is None:
             batch_size = torchrl_compat.default_batch_size(self)
         if batch_size is None:
-            raise ValueError("BufferMixture.sample needs a batch_size.")
+            raise UsageError("batch_size", "BufferMixture.sample needs a batch_size.")
         parts = []
         for source, (name, count) in enumerate(
             zip(self._names, self.counts(batch_size), strict=False)
@@ -252,17 +261,18 @@ class BufferMixture(ReplayBufferEnsemble):
                 continue
             rb = self._members[name]
             if len(rb) == 0:
-                raise RuntimeError(
+                raise BufferStateError(
                     f"The mixture's member {name!r} is empty but its share of this batch is "
                     f"{count} items. Fill it first (a source, or a collector's warm-up: "
                     "OnlineCollector(member=..., init_random_frames=N))."
                 )
             part, info = rb.sample(count, return_info=True)
             if not isinstance(part, TensorDictBase):
-                raise TypeError(
+                raise ArgumentTypeError(
+                    "members",
                     f"The mixture's member {name!r} returned a {type(part).__name__}; a "
                     "BufferMixture mixes TensorDict items only (TensorDictReplayBuffer, or a "
-                    "ReplayBuffer over a tensor storage)."
+                    "ReplayBuffer over a tensor storage).",
                 )
             index = torch.as_tensor(info["index"]).reshape(count)
             part.set("index", index.to(part.device))
@@ -276,10 +286,11 @@ class BufferMixture(ReplayBufferEnsemble):
             parts.append(part)
         keys = [sorted(map(str, p.keys(True, True))) for p in parts]
         if any(k != keys[0] for k in keys[1:]):
-            raise KeyError(
+            raise MissingKeyError(
+                "members",
                 f"The mixture's members hold different keys ({dict(zip(self._names, keys, strict=False))}); "
                 "a batch concatenates them, so store the same keys in every member (e.g. "
-                "OnlineCollector(keys=[...]) as in the offline data)."
+                "OnlineCollector(keys=[...]) as in the offline data).",
             )
         batch: TensorDictBase = torch.cat(parts) if len(parts) > 1 else parts[0]
         if return_info:
@@ -322,9 +333,10 @@ class BufferMixture(ReplayBufferEnsemble):
         index = torch.as_tensor(index).reshape(-1)
         priority = torch.as_tensor(priority).reshape(-1)
         if not source.shape == index.shape == priority.shape:
-            raise ValueError(
+            raise UsageError(
+                "priority",
                 f"source, index and priority must have one value per item, got shapes "
-                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}."
+                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}.",
             )
         for member_id, name in enumerate(self._names):
             if not self._prioritized[member_id]:
@@ -377,9 +389,10 @@ class FillMembers(BufferSource):
     def __init__(self, sources: Mapping[str, BufferSource]) -> None:
         for name, source in sources.items():
             if not isinstance(source, BufferSource):
-                raise TypeError(
+                raise ArgumentTypeError(
+                    "sources",
                     f"FillMembers(sources={{{name!r}: ...}}) must be a BufferSource "
-                    f"(LoadDirectory, CallSource), got {type(source).__name__}."
+                    f"(LoadDirectory, CallSource), got {type(source).__name__}.",
                 )
         self.sources = dict(sources)
 

@@ -14,13 +14,25 @@
 
 from __future__ import annotations
 
-from rb_lightning.stream.datasets import (
-    ReplayBufferBatchDataset,
-    ReplayBufferDataset,
-    ReplayBufferPassDataset,
-)
-from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
+from typing import TYPE_CHECKING
 
+from rb_lightning._lazy import lazy_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rb_lightning.stream.datasets import (
+        ReplayBufferBatchDataset,
+        ReplayBufferDataset,
+        ReplayBufferPassDataset,
+    )
+    from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
+
+_HOMES = {
+    "SAMPLER_INFO_KEYS": "rb_lightning.stream.sampling",
+    "BufferStream": "rb_lightning.stream.sampling",
+    "ReplayBufferBatchDataset": "rb_lightning.stream.datasets",
+    "ReplayBufferDataset": "rb_lightning.stream.datasets",
+    "ReplayBufferPassDataset": "rb_lightning.stream.datasets",
+}
 __all__ = [
     "SAMPLER_INFO_KEYS",
     "BufferStream",
@@ -28,3 +40,4 @@ __all__ = [
     "ReplayBufferDataset",
     "ReplayBufferPassDataset",
 ]
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import columns
+from rb_lightning.errors import ArgumentTypeError, MissingKeyError
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.stream.state import StreamCursor
@@ -94,12 +95,16 @@ class _SampledDataset(IterableDataset):
         """Selected keys, or ``None`` for all leaves."""
         return self._keys
 
+    def hf_export_defaults(self) -> dict[str, Any]:
+        """What :func:`~rb_lightning.hf.to_hf_dataset` samples when given this dataset."""
+        return {"stream": self._stream, "keys": self._keys, "num_batches": self._num_batches}
+
     def as_hf_dataset(self, **options: Any) -> Any:
-        """This dataset as a Hugging Face dataset (needs the ``hf`` extra).
+        """This dataset as a Hugging Face dataset: ``to_hf_dataset(self, **options)``.
 
         The same buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
-        and ``wait_timeout``; ``options`` go to :func:`rb_lightning.hf.to_hf_dataset`
-        and override them (``streaming=False`` for a snapshot).
+        and ``wait_timeout``; ``options`` override them (``streaming=False`` for
+        a snapshot). Needs the ``hf`` extra.
 
         Examples:
             >>> import torch
@@ -114,10 +119,7 @@ class _SampledDataset(IterableDataset):
         """
         from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
 
-        options = {"num_batches": self._num_batches, **options}
-        if options.get("keys") is None:
-            options["keys"] = self._keys
-        return to_hf_dataset(self._stream, **options)
+        return to_hf_dataset(self, **options)
 
     # -- iteration --------------------------------------------------------------------------
     def _batches_for(self, shard: Shard) -> int | None:
@@ -147,9 +149,10 @@ class _SampledDataset(IterableDataset):
                 )
         if not selected:
             # Every requested key is missing: yielding empty items would be a silent wrong result.
-            raise KeyError(
+            raise MissingKeyError(
+                "keys",
                 f"None of keys={self._keys!r} is in the sampled batch, which has {available!r}. "
-                "Fix the names (nested keys are tuples, ('next', 'reward')) or pass keys=None."
+                "Fix the names (nested keys are tuples, ('next', 'reward')) or pass keys=None.",
             )
         return selected
 
@@ -336,7 +339,9 @@ class ReplayBufferBatchDataset(_SampledDataset):
         )
         self._flatten = bool(flatten)
         if cursor is not None and not isinstance(cursor, StreamCursor):
-            raise TypeError(f"cursor must be a StreamCursor, got {type(cursor).__name__}.")
+            raise ArgumentTypeError(
+                "cursor", f"cursor must be a StreamCursor, got {type(cursor).__name__}."
+            )
         self._cursor = cursor
 
     def _items_per_batch(self) -> int:
@@ -414,11 +419,16 @@ class ReplayBufferPassDataset(IterableDataset):
     def __len__(self) -> int:
         return -(-len(self._replay_buffer) // self._batch_size)
 
+    def hf_export_defaults(self) -> dict[str, Any]:
+        """What :func:`~rb_lightning.hf.to_hf_dataset` exports of this pass: a snapshot."""
+        stream = BufferStream(self._replay_buffer, self._batch_size)
+        return {"stream": stream, "keys": self._keys, "streaming": False}
+
     def as_hf_dataset(self, **options: Any) -> Any:
         """This pass as a ``datasets.Dataset`` snapshot: every stored item once, in storage order.
 
-        ``options`` go to :func:`rb_lightning.hf.to_hf_dataset` (``keys``
-        defaults to this dataset's); needs the ``hf`` extra.
+        ``to_hf_dataset(self, **options)`` (``keys`` defaults to this dataset's);
+        needs the ``hf`` extra.
 
         Examples:
             >>> import torch
@@ -432,10 +442,7 @@ class ReplayBufferPassDataset(IterableDataset):
         """
         from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
 
-        options = {"streaming": False, **options}
-        if options.get("keys") is None:
-            options["keys"] = self._keys
-        return to_hf_dataset(self._replay_buffer, **options)
+        return to_hf_dataset(self, **options)
 
     def __iter__(self) -> Iterator[Any]:
         shard = current_shard()

@@ -50,6 +50,8 @@ __all__ = [
     "SyncCopy",
     "check_device_storage",
     "default_copy_engine",
+    "make_prefetcher",
+    "move_batch",
     "storage_device",
 ]
 
@@ -279,3 +281,45 @@ def check_device_storage(
             "prefetch_to_device=False, or keep the storage in host memory "
             "(LazyTensorStorage(N)) to overlap its copies with the step.",
         )
+
+
+def make_prefetcher(
+    prefetch_to_device: bool | CopyEngine, device: torch.device
+) -> DevicePrefetcher | None:
+    """The prefetcher a ``prefetch_to_device`` argument asks for on ``device`` (``None``: none).
+
+    ``True`` picks :func:`default_copy_engine` (nothing on the CPU, where the batch
+    already is); a :class:`CopyEngine` is used as given.
+
+    Examples:
+        >>> import torch
+        >>> make_prefetcher(True, torch.device("cpu")) is None
+        True
+        >>> type(make_prefetcher(SyncCopy(), torch.device("cpu"))).__name__
+        'DevicePrefetcher'
+    """
+    if prefetch_to_device is False:
+        return None
+    engine = default_copy_engine(device) if prefetch_to_device is True else prefetch_to_device
+    return None if engine is None else DevicePrefetcher(engine, device)
+
+
+def move_batch(
+    batch: TensorDictBase,
+    device: torch.device,
+    prefetcher: DevicePrefetcher | None,
+    *,
+    pin_memory: bool,
+) -> TensorDictBase:
+    """``batch`` on ``device``: the copy a prefetcher started, the batch itself, or a new copy.
+
+    A batch already on ``device`` (a storage on the GPU) is returned without a
+    copy (``TensorDict.to`` would rebuild it); pinned host batches are copied
+    with ``non_blocking=True`` to CUDA.
+    """
+    prefetched = prefetcher.take(batch) if prefetcher is not None else None
+    if prefetched is not None:
+        return prefetched
+    if batch.device == device:
+        return batch
+    return batch.to(device, non_blocking=pin_memory and device.type == "cuda")

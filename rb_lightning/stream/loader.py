@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset
 
-from rb_lightning.stream.device_prefetch import DevicePrefetcher
+from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.stream.device_prefetch import CopyEngine, DevicePrefetcher
 from rb_lightning.stream.state import StreamState
+from rb_lightning.validation import check_non_negative_int
 
 
 def keep_batch(batch: Any) -> Any:
@@ -81,6 +85,52 @@ def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
     ``benchmarks/throughput.py``).
     """
     return _BatchLoader(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How batches reach the step: DataLoader workers, pinned memory, device prefetch.
+
+    Checked when built; see :class:`~rb_lightning.ReplayBufferDataModule` for each.
+
+    Examples:
+        >>> LoaderOptions(num_workers=2).dataloader_kwargs()
+        {'num_workers': 2, 'pin_memory': False, 'persistent_workers': False}
+        >>> LoaderOptions(persistent_workers=True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.UsageError: persistent_workers=True needs num_workers > 0...
+    """
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_to_device: bool | CopyEngine = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "num_workers", check_non_negative_int(self.num_workers, "num_workers")
+        )
+        if self.persistent_workers and self.num_workers == 0:
+            raise UsageError(
+                "persistent_workers",
+                "persistent_workers=True needs num_workers > 0: there are no workers to keep. "
+                "Drop persistent_workers, or set num_workers.",
+            )
+        if not isinstance(self.prefetch_to_device, (bool, CopyEngine)):
+            raise ArgumentTypeError(
+                "prefetch_to_device",
+                "prefetch_to_device must be True, False or a rb_lightning.stream.device_prefetch."
+                f"CopyEngine, got {type(self.prefetch_to_device).__name__}.",
+            )
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The ``DataLoader`` arguments among these options."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": bool(self.pin_memory),
+            "persistent_workers": bool(self.persistent_workers),
+        }
 
 
 class _TrackedBatches:
@@ -160,4 +210,30 @@ class ResumableBatchLoader(_BatchLoader):
         self.stream.load_state_dict(state_dict)
 
 
-__all__ = ["ResumableBatchLoader", "batch_loader", "keep_batch"]
+def model_dataloader(trainer: Any, hook: str, argument: str) -> Any:
+    """The LightningModule's own ``hook()`` loader (``val_dataloader``, ``test_dataloader``).
+
+    Lightning reads every loader from an attached DataModule, so a DataModule
+    with ``eval_from_model=True`` hands over the model's own (e.g. the greedy
+    evaluation episodes of :class:`rb_lightning.rl.DQN`). ``argument`` is the
+    DataModule buffer that would otherwise feed it, named in the error.
+    """
+    module = trainer.lightning_module if trainer is not None else None
+    if module is None or not is_overridden(hook, module):
+        raise UsageError(
+            "eval_from_model",
+            f"ReplayBufferDataModule(eval_from_model=True) hands {hook}() over to the "
+            f"LightningModule, but {type(module).__name__} does not define {hook}(). "
+            f"Give the DataModule a {argument} (and a source to fill it) instead, or "
+            "use a module that evaluates itself (rb_lightning.rl.DQN / SAC).",
+        )
+    return getattr(module, hook)()
+
+
+__all__ = [
+    "LoaderOptions",
+    "ResumableBatchLoader",
+    "batch_loader",
+    "keep_batch",
+    "model_dataloader",
+]

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from rb_lightning.errors import InvalidPriorityError
+from rb_lightning.errors import InvalidPriorityError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,10 @@ INVALID_PRIORITY_MODES = ("raise", "replace")
 def check_invalid_priority_mode(value: Any, name: str = "invalid_priority") -> InvalidPriority:
     """Validate the ``invalid_priority`` argument (``"raise"`` or ``"replace"``)."""
     if value not in INVALID_PRIORITY_MODES:
-        raise ValueError(
+        raise UsageError(
+            name,
             f"{name} must be 'raise' (refuse NaN, infinite and negative priorities) or "
-            f"'replace' (swap them for the current max priority and log how many), got {value!r}."
+            f"'replace' (swap them for the current max priority and log how many), got {value!r}.",
         )
     return value
 

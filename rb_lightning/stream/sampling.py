@@ -36,13 +36,12 @@ from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
+from rb_lightning.columns import SAMPLER_INFO_KEYS
+from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
+from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
-from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed, is_remote
+from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
 from rb_lightning.validation import check_positive_int, check_replay_buffer
-
-#: Keys under which sampler info (storage index, importance weight) is attached
-#: to a batch; the same names ``TensorDictReplayBuffer`` uses.
-SAMPLER_INFO_KEYS = ("index", "priority_weight")
 
 
 class BufferStream:
@@ -87,6 +86,7 @@ class BufferStream:
         wait_timeout: float = 600.0,
     ) -> None:
         self._replay_buffer = check_replay_buffer(replay_buffer)
+        self._handle: BufferHandle = resolve_buffer(replay_buffer)
         self._batch_size = check_positive_int(batch_size, "batch_size")
         self._min_size = check_positive_int(min_size, "min_size", allow_none=True)
         if (
@@ -94,8 +94,9 @@ class BufferStream:
             or not isinstance(wait_timeout, numbers.Real)
             or wait_timeout <= 0
         ):
-            raise ValueError(
-                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}."
+            raise UsageError(
+                "wait_timeout",
+                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}.",
             )
         self._wait_timeout: float = float(wait_timeout)
         #: Whether batches get sampler info attached; None until the first draw decides.
@@ -133,10 +134,12 @@ class BufferStream:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
+        del state["_handle"]  # rebuilt around the unpickled buffer
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_replay_buffer"] = unpickle_buffer(state["_replay_buffer"])
+        state["_handle"] = resolve_buffer(state["_replay_buffer"])
         self.__dict__.update(state)
 
     # -- seeding ----------------------------------------------------------------------------
@@ -146,8 +149,7 @@ class BufferStream:
         A remote (Ray) buffer is one sampler shared by every process: it is
         left alone, as re-seeding it from each process would reset its stream.
         """
-        if not is_remote(self._replay_buffer):
-            self._replay_buffer.set_rng(torch.Generator().manual_seed(int(seed)))
+        self._handle.reseed(seed)
 
     def seed_replica(self, shard: Shard | None = None) -> None:
         """Give this copy of the stream its own random stream if other copies sample too.
@@ -160,7 +162,7 @@ class BufferStream:
             shard: Where this copy runs; default: :func:`~rb_lightning.stream.sharding.current_shard`.
         """
         shard = current_shard() if shard is None else shard
-        if shard.is_replica and not is_remote(self._replay_buffer):
+        if shard.is_replica and self._handle.samples_in_process:
             self.reseed(shard.seed(draw_base_seed()))
 
     # -- waiting ----------------------------------------------------------------------------
@@ -180,14 +182,14 @@ class BufferStream:
         if needed is None:
             if len(rb) == 0:
                 if emptied:
-                    raise RuntimeError(
+                    raise BufferStateError(
                         f"The replay buffer became empty after {self.batches_drawn} batches "
                         "(rb.empty(), or a collector that resets it), so there is nothing to "
                         "sample. Refill it before the next batch is drawn, or pass min_size=N "
                         "(ReplayBufferDataModule(min_size=N)) to wait up to wait_timeout seconds "
                         "until it holds N items again."
                     )
-                raise RuntimeError(
+                raise BufferStateError(
                     "The replay buffer is empty, so there is nothing to sample. Fill it first "
                     "(rb.extend(...)), or pass min_size=N to wait until a collector has written "
                     "N items."
@@ -196,7 +198,7 @@ class BufferStream:
         deadline = time.monotonic() + self._wait_timeout
         while len(rb) < needed:
             if time.monotonic() > deadline:
-                raise TimeoutError(
+                raise SampleTimeoutError(
                     f"Waited {self._wait_timeout:.0f}s for the replay buffer to hold "
                     f"min_size={needed} items, it holds {len(rb)}. Is the collector writing to "
                     "this buffer (a shared or memmap storage when workers are used)? Raise "
@@ -205,7 +207,7 @@ class BufferStream:
             time.sleep(0.01)
         sampler = getattr(rb, "sampler", None)
         if getattr(sampler, "drop_last", False) and len(rb) < self._batch_size:
-            raise RuntimeError(
+            raise BufferStateError(
                 f"The sampler draws without replacement with drop_last=True, but the buffer "
                 f"holds {len(rb)} items, fewer than batch_size={self._batch_size}: no full batch "
                 "can be drawn. Lower batch_size, add data, or use drop_last=False."

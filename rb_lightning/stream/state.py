@@ -163,4 +163,17 @@ class StreamState:
         self._replay = list(batches)
 
 
-__all__ = ["StreamCursor", "StreamState"]
+def fit_loop_progress(trainer: Any) -> tuple[int, bool] | None:
+    """Batches of the current epoch the fit loop has taken, and whether the epoch is done.
+
+    Read from Lightning's own progress counters (not from a batch hook, which a
+    subclass may override): ``ready`` counts the batches moved to the device.
+    ``None`` outside a Trainer.
+    """
+    if trainer is None:
+        return None
+    ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    return ready, ready >= trainer.num_training_batches
+
+
+__all__ = ["StreamCursor", "StreamState", "fit_loop_progress"]

@@ -133,12 +133,3 @@ def test_sft_on_two_processes_takes_disjoint_slices_of_one_stream(tmp_path):
     # Each process took its own positions of each global batch (the content may repeat:
     # the buffer samples with replacement).
     assert len(matching) == 1, (seen, passes)
-
-
-def test_grpo_on_two_processes_refuses_a_per_rank_stream(tmp_path):
-    result, logs = launch("grpo", "per_rank", tmp_path)
-    assert result.returncode != 0
-    message = "to_hf_dataset(..., ranks='per_rank') gives each of the 2 processes"
-    assert message in result.stderr
-    assert "ranks='identical'" in result.stderr and "GRPOTrainer" in result.stderr
-    assert all(steps(log) == [] for log in logs)  # refused before any group was scored
