@@ -200,7 +200,7 @@ class ReplayBufferDataModule(LightningDataModule):
         """DataLoader worker processes (see :attr:`loader_options`)."""
         return self.loader_options.num_workers
 
-    def _fit_loop_progress(self) -> tuple[int, bool] | None:  # a method: it pickles
+    def _fit_loop_progress(self) -> tuple[int, bool] | None:  # a method, so it pickles
         return fit_loop_progress(self.trainer)
 
     # -- setup ------------------------------------------------------------------------------
