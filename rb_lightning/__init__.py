@@ -21,7 +21,8 @@ from rb_lightning._lazy import lazy_names
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.datamodule import ReplayBufferDataModule
     from rb_lightning.errors import RBLightningError, UsageError
-    from rb_lightning.hf.export import from_hf_dataset, to_hf_dataset
+    from rb_lightning.hf.export import to_hf_dataset
+    from rb_lightning.hf.load import from_hf_dataset
     from rb_lightning.runs.progress import StepProgressBar
     from rb_lightning.runs.report import RunReport
     from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger
@@ -52,7 +53,7 @@ _HOMES = {
     "RBLightningError": "rb_lightning.errors",
     "UsageError": "rb_lightning.errors",
     "batch_loader": "rb_lightning.stream.loader",
-    "from_hf_dataset": "rb_lightning.hf.export",
+    "from_hf_dataset": "rb_lightning.hf.load",
     "keep_batch": "rb_lightning.stream.loader",
     "to_hf_dataset": "rb_lightning.hf.export",
 }

@@ -151,7 +151,8 @@ def _export(saved: Any, keys_given: list[str] | None, output: str) -> int:
     try:
         import datasets
 
-        from rb_lightning.hf.export import BOOKKEEPING_KEYS, to_hf_dataset
+        from rb_lightning.hf.arrow import BOOKKEEPING_KEYS
+        from rb_lightning.hf.export import to_hf_dataset
     except ImportError as error:  # pragma: no cover - the hf extra is missing
         return _usage_error(
             f"{error}. Exporting needs the hf extra: pip install 'rb-lightning[hf]'."

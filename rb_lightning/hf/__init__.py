@@ -13,27 +13,19 @@ from typing import TYPE_CHECKING
 from rb_lightning._lazy import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rb_lightning.hf.export import (
-        BOOKKEEPING_KEYS,
-        IDENTICAL,
-        PER_RANK,
-        SupportsHFExport,
-        from_hf_dataset,
-        infer_features,
-        to_hf_dataset,
-    )
+    from rb_lightning.hf.arrow import BOOKKEEPING_KEYS, infer_features
+    from rb_lightning.hf.export import SupportsHFExport, to_hf_dataset
+    from rb_lightning.hf.load import from_hf_dataset
+    from rb_lightning.hf.streaming import IDENTICAL, PER_RANK
 
 _HOMES = {
-    name: "rb_lightning.hf.export"
-    for name in (
-        "BOOKKEEPING_KEYS",
-        "IDENTICAL",
-        "PER_RANK",
-        "SupportsHFExport",
-        "from_hf_dataset",
-        "infer_features",
-        "to_hf_dataset",
-    )
+    "BOOKKEEPING_KEYS": "rb_lightning.hf.arrow",
+    "IDENTICAL": "rb_lightning.hf.streaming",
+    "PER_RANK": "rb_lightning.hf.streaming",
+    "SupportsHFExport": "rb_lightning.hf.export",
+    "from_hf_dataset": "rb_lightning.hf.load",
+    "infer_features": "rb_lightning.hf.arrow",
+    "to_hf_dataset": "rb_lightning.hf.export",
 }
 __all__ = [
     "BOOKKEEPING_KEYS",

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule, ReplayBufferDataset
-from rb_lightning.hf.export import from_hf_dataset, infer_features, to_hf_dataset
+from rb_lightning.hf import from_hf_dataset, infer_features, to_hf_dataset
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.hf
