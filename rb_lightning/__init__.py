@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rb_lightning._lazy import lazy_names
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.datamodule import ReplayBufferDataModule

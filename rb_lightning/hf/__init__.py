@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rb_lightning._lazy import lazy_names
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.hf.arrow import BOOKKEEPING_KEYS, infer_features

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rb_lightning._lazy import lazy_names
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.runs.progress import StepProgressBar

@@ -1,4 +1,4 @@
-"""Package namespaces whose names are imported on first use.
+"""Package namespaces whose names are imported on first use (``lazy_names``).
 
 A package ``__init__`` that imported its modules eagerly would import torch,
 Lightning and torchrl with it; the console scripts import a light module of
