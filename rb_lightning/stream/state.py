@@ -13,6 +13,11 @@ from typing import Any
 
 import torch
 
+from rb_lightning.errors import BufferStateError
+
+#: Batches a StreamState remembers: Lightning reads one ahead of the step; more is an error.
+READ_AHEAD_LIMIT = 4
+
 
 class StreamCursor:
     """Where an epoch of a training stream starts: stream seed, epoch number, position.
@@ -72,7 +77,9 @@ class StreamState:
         self._epoch = -1  # no iterator yet
         self._handed = 0  # next position of the current epoch
         self._handed_total = 0
-        self._records: deque[tuple[int, Any]] = deque()
+        # The last batches handed out, by position: the read-ahead is among them. Bounded,
+        # so the per-batch path never asks the loop what it took (checkpoints do).
+        self._records: deque[tuple[int, Any]] = deque(maxlen=READ_AHEAD_LIMIT)
         self._resume_at: tuple[int, int] | None = None
         self._replay: list[Any] = []
 
@@ -90,18 +97,11 @@ class StreamState:
         return replay
 
     def handed_out(self, batch: Any) -> None:
-        """Record one batch given to the training loop; drop records of batches it took."""
-        consumed = self._consumed()
-        while self._records and (consumed is None or self._records[0][0] < consumed):
-            self._records.popleft()
-        if self._keep_read_ahead and consumed is not None:
+        """Record one batch given to the training loop (the oldest record drops out)."""
+        if self._keep_read_ahead:
             self._records.append((self._handed, batch))
         self._handed += 1
         self._handed_total += 1
-
-    def _consumed(self) -> int | None:
-        progress = self._progress() if self._progress is not None else None
-        return None if progress is None else progress[0]
 
     # -- checkpoint -------------------------------------------------------------------------
     def _position(self) -> tuple[int, int, bool]:
@@ -126,7 +126,15 @@ class StreamState:
         _, consumed, done = self._position()
         if done or not self._keep_read_ahead:
             return []
-        return [batch for position, batch in self._records if position >= consumed]
+        ahead = [batch for position, batch in self._records if position >= consumed]
+        if len(ahead) != self._handed - consumed:
+            raise BufferStateError(
+                f"The training loop read {self._handed - consumed} batches ahead of its step, "
+                f"more than the {READ_AHEAD_LIMIT - 1} a checkpoint can keep, so the resumed "
+                "stream could not continue exactly. This happens when a loop prefetches more "
+                "than Lightning's one batch; report it with the Trainer's settings."
+            )
+        return ahead
 
     def state_dict(self) -> dict[str, int]:
         """Where the next iterator starts: plain ints (``torch.load(weights_only=True)``)."""
@@ -176,4 +184,4 @@ def fit_loop_progress(trainer: Any) -> tuple[int, bool] | None:
     return ready, ready >= trainer.num_training_batches
 
 
-__all__ = ["StreamCursor", "StreamState", "fit_loop_progress"]
+__all__ = ["READ_AHEAD_LIMIT", "StreamCursor", "StreamState", "fit_loop_progress"]
