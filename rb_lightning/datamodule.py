@@ -7,6 +7,7 @@ between kinds of buffers is in :mod:`rb_lightning.stream.handles`.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -30,6 +31,7 @@ from rb_lightning.stream.epochs import AUTO, check_epoch_is_bounded, epoch_lengt
 from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.loader import LoaderOptions, batch_loader, model_dataloader
 from rb_lightning.stream.priorities import InvalidPriority, check_invalid_priority_mode
+from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.state import fit_loop_progress
 from rb_lightning.stream.training import TrainingStream
@@ -68,9 +70,8 @@ class ReplayBufferDataModule(LightningDataModule):
             exact resume are unchanged.
         persistent_workers: Keep workers alive across epochs.
         val_buffer: Buffer read once per validation run, in storage order.
-        test_buffer: Buffer read once per test run, in storage order.
-        min_size: Wait until the buffer holds this many items before the first
-            sample (a collector filling it).
+        test_buffer: Same, per test run.
+        min_size: Wait until the buffer holds this many items (a collector filling it).
         wait_timeout: Seconds to wait for ``min_size`` before raising.
         source: A :class:`~rb_lightning.sources.BufferSource` that fills the
             training buffer once, in :meth:`setup`.
@@ -89,6 +90,8 @@ class ReplayBufferDataModule(LightningDataModule):
             test with the LightningModule's own ``val_dataloader()`` /
             ``test_dataloader()`` (e.g. the evaluation episodes of
             :class:`rb_lightning.rl.DQN`).
+        rate_limiter: A :class:`~rb_lightning.stream.rate_limiter.SamplesPerInsert`
+            that holds sampling to a replay ratio (checkpointed; ``num_workers=0``).
 
     Examples:
         >>> import torch
@@ -135,6 +138,7 @@ class ReplayBufferDataModule(LightningDataModule):
         checkpoint_verify: Verify = "full",
         eval_from_model: bool = False,
         invalid_priority: InvalidPriority = "raise",
+        rate_limiter: SamplesPerInsert | None = None,
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
@@ -167,16 +171,18 @@ class ReplayBufferDataModule(LightningDataModule):
         resolve_buffer(self.replay_buffer).check_options(self.batch_size, self.loader_options)
         self._buffer: BufferHandle | None = None
         # The training loader, its position (in checkpoints) and its device copies.
+        self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
         self._training = TrainingStream(
-            torch.initial_seed(), self.loader_options, progress=self._fit_loop_progress
+            torch.initial_seed(),
+            self.loader_options,
+            progress=self._fit_loop_progress,
+            rate_limiter=self.rate_limiter,
         )
         # Lightning runs a loop for an overridden hook: bind val/test only with data behind.
         self.eval_from_model = bool(eval_from_model)
-        hooks = vars(self)
-        if self.val_buffer is not None or self.eval_from_model:
-            hooks["val_dataloader"] = self._val_dataloader
-        if self.test_buffer is not None or self.eval_from_model:
-            hooks["test_dataloader"] = self._test_dataloader
+        for stage, buffer in (("val", self.val_buffer), ("test", self.test_buffer)):
+            if buffer is not None or self.eval_from_model:
+                vars(self)[f"{stage}_dataloader"] = partial(self._eval_loader, buffer, stage)
 
     @property
     def buffer(self) -> BufferHandle:
@@ -196,8 +202,7 @@ class ReplayBufferDataModule(LightningDataModule):
         return self._training.state.batches_served
 
     @property
-    def num_workers(self) -> int:
-        """DataLoader worker processes (see :attr:`loader_options`)."""
+    def num_workers(self) -> int:  # read by OnlineCollector
         return self.loader_options.num_workers
 
     def _fit_loop_progress(self) -> tuple[int, bool] | None:  # a method, so it pickles
@@ -217,6 +222,10 @@ class ReplayBufferDataModule(LightningDataModule):
         self._unfilled = fill_for_stage(self._unfilled, stage)
         self._buffer.prepare(self.num_workers)
         if stage == "fit":
+            if self.rate_limiter is not None:
+                self.rate_limiter.check(
+                    batch_size=self.batch_size, capacity=self._buffer.capacity()
+                )
             self._buffer.check_world_size(world_size)
             self._buffer.check_keys(self.keys)
             if self.num_batches is None:
@@ -238,15 +247,8 @@ class ReplayBufferDataModule(LightningDataModule):
             wait_timeout=self.wait_timeout,
         )
 
-    def _val_dataloader(self) -> Any:
-        """One in-order pass over ``val_buffer``, else the model's own ``val_dataloader()``."""
-        return self._eval_loader(self.val_buffer, "val")
-
-    def _test_dataloader(self) -> Any:
-        """One in-order pass over ``test_buffer``, else the model's own ``test_dataloader()``."""
-        return self._eval_loader(self.test_buffer, "test")
-
     def _eval_loader(self, buffer: ReplayBuffer | None, stage: str) -> Any:
+        """One in-order pass over ``buffer``, else the model's own ``<stage>_dataloader()``."""
         if buffer is None:  # eval_from_model
             return model_dataloader(self.trainer, f"{stage}_dataloader", f"{stage}_buffer")
         dataset = ReplayBufferPassDataset(buffer, self.batch_size, keys=self.keys)
@@ -286,33 +288,21 @@ class ReplayBufferDataModule(LightningDataModule):
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What Lightning stores in checkpoints for this DataModule.
-
-        The training buffer (content, writer, sampler, generator), the stream
-        position and the batches Lightning read ahead of the saved step; small
-        buffers inside the ``.ckpt``, larger ones beside it. Each kind of buffer
-        saves its own way (:mod:`rb_lightning.stream.handles`).
-        """
+        """The buffer (each kind its own way: :mod:`~rb_lightning.stream.handles`), the stream
+        position, the batches read ahead of this step and the rate limiter's counters."""
         return self._training.state_dict(
             self.buffer, self.trainer, inline_max_bytes=self.checkpoint_inline_max_bytes
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Replace the buffer and the stream position by the saved ones.
-
-        A missing or damaged dump raises :class:`~rb_lightning.errors.BufferCheckpointError`.
-        """
+        """Restore :meth:`state_dict` (a damaged dump: :class:`~rb_lightning.errors.BufferCheckpointError`)."""
         self._training.load_state_dict(
             state_dict, self.buffer, self.trainer, verify=self.checkpoint_verify
         )
 
     # -- export -----------------------------------------------------------------------------
     def hf_export_defaults(self) -> dict[str, Any]:
-        """What :func:`~rb_lightning.hf.to_hf_dataset` samples when given this DataModule.
-
-        The training buffer with this module's ``batch_size``, ``keys``, ``min_size``
-        and ``wait_timeout``; ``num_batches="auto"`` is one pass over its current size.
-        """
+        """The training stream for :func:`~rb_lightning.hf.to_hf_dataset` ("auto": one pass)."""
         num_batches = self.num_batches
         if num_batches == AUTO:
             num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))

@@ -19,7 +19,9 @@ from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.rl.envs import make_gym_env
 from rb_lightning.stream.handles import resolve_buffer
+from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -29,32 +31,6 @@ from rb_lightning.validation import (
 
 EPISODE_RETURN_KEY = "episode_reward"
 WARM_UP_CHUNK = 1_000
-
-
-def make_gym_env(env_name: str, num_envs: int = 1, **kwargs: Any) -> EnvBase:
-    """A gymnasium environment through torchrl's ``GymEnv`` (imports gymnasium lazily).
-
-    ``num_envs > 1`` steps that many copies in one call, in this process (gymnasium's
-    ``SyncVectorEnv``): for cheap environments such as CartPole the cost of a frame is
-    torchrl's per-call bookkeeping, which a batch of environments shares. torchrl's own
-    ``GymEnv(num_envs=k)`` runs them in ``k`` subprocesses, whose pipe round trip per
-    step costs more than CartPole itself on a few cores.
-    """
-    from torchrl.envs import GymEnv, GymWrapper
-
-    if num_envs == 1:
-        return GymEnv(env_name, **kwargs)
-    import gymnasium
-
-    wrapper_keys = {"categorical_action_encoding", "device", "batch_size", "allow_done_after_reset"}
-    wrapper_kwargs = {k: v for k, v in kwargs.items() if k in wrapper_keys}
-    make_kwargs = {k: v for k, v in kwargs.items() if k not in wrapper_keys}
-    vector_env = gymnasium.vector.SyncVectorEnv(
-        [lambda: gymnasium.make(env_name, **make_kwargs)] * num_envs,
-        # torchrl reads the final observation of an episode in the same step as the reset.
-        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
-    )
-    return GymWrapper(vector_env, **wrapper_kwargs)
 
 
 class OnlineCollector(Callback):
@@ -205,6 +181,7 @@ class OnlineCollector(Callback):
         self._copies_policy = False
         self._clock: tuple[float, int] | None = None
         self._episodes_logged = 0
+        self._rate_limiter: SamplesPerInsert | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def make_env(self, num_envs: int | None = None) -> EnvBase:
@@ -298,8 +275,14 @@ class OnlineCollector(Callback):
             )
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Build the collector and run the warm-up (the first batch is drawn after this)."""
+        """Build the collector and run the warm-up (the first batch is drawn after this).
+
+        With the DataModule's ``rate_limiter``, the limiter asks for frames when the
+        trainer would otherwise wait, and counts every insert (warm-up included).
+        """
         self._buffer = self._resolve_buffer(trainer)
+        limiter = getattr(trainer.datamodule, "rate_limiter", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        self._rate_limiter = limiter if isinstance(limiter, SamplesPerInsert) else None
         env = self.make_env()
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         env.set_seed(seed)
@@ -307,9 +290,15 @@ class OnlineCollector(Callback):
         self._multi_step = self._make_multi_step(pl_module)
         self._check_policy_fits_env(self._policy, env)
         self._warm_up(env, pl_module)
-        self.collector = self._make_collector(env, pl_module, self.frames_per_step)
+        frames_per_call = self.frames_per_step
+        if self._rate_limiter is not None:  # a batch's worth at a time, when asked
+            batch_size = int(getattr(trainer.datamodule, "batch_size", 1))  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+            frames_per_call = self._rate_limiter.inserts_per_batch(batch_size, self.num_envs)
+        self.collector = self._make_collector(env, pl_module, frames_per_call)
         self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
         self._iterator = iter(self.collector)
+        if self._rate_limiter is not None:
+            self._rate_limiter.insert_on_demand(self._collect_on_demand)
         if len(self._buffer) == 0:
             raise UsageError(
                 "init_random_frames",
@@ -363,7 +352,16 @@ class OnlineCollector(Callback):
 
     # -- collection -------------------------------------------------------------------------
     def _collect(self) -> None:
+        if self._copies_policy:
+            assert self.collector is not None and self._policy is not None
+            self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
         self._store(next(self._iterator))
+
+    def _collect_on_demand(self) -> int:
+        """Called by the rate limiter when the trainer needs frames: one collector call."""
+        before = self.frames
+        self._collect()
+        return self.frames - before
 
     def _store(self, frames: TensorDictBase) -> None:
         flat = frames.reshape(-1)
@@ -384,6 +382,8 @@ class OnlineCollector(Callback):
             frames = frames.exclude(*self.exclude_keys)
         self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"
         self.frames += frames.numel()
+        if self._rate_limiter is not None:
+            self._rate_limiter.record_insert(frames.numel())
 
     def _check_stored_keys(self, frames: TensorDictBase) -> None:
         # "steps_to_next_obs" exists with n_steps > 1 only; a config may list it either way.
@@ -410,10 +410,8 @@ class OnlineCollector(Callback):
         if self.collector is None:
             return
         # The optimizer-step count, not a batch counter of this process: a resumed run
-        # keeps the collection phase of the run it continues.
-        if trainer.global_step % self.every_n_steps == 0:
-            if self._copies_policy:
-                self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
+        # keeps the collection phase of the run it continues. A rate limiter asks instead.
+        if self._rate_limiter is None and trainer.global_step % self.every_n_steps == 0:
             self._collect()
         self._log(trainer, pl_module, batch)
 
@@ -440,9 +438,17 @@ class OnlineCollector(Callback):
             log("buffer_size", float(len(self._buffer)))
             log("frames", float(self.frames))
             self._clock = (now, step)
+            if self._rate_limiter is not None:
+                limiter = self._rate_limiter
+                log("replay/inserted", float(limiter.inserted))
+                log("replay/sampled", float(limiter.sampled))
+                log("replay/samples_per_insert", limiter.samples_per_insert_observed())
+                log("replay/trainer_wait_s", limiter.trainer_wait_s)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Close the environment (also after an exception)."""
+        if self._rate_limiter is not None:
+            self._rate_limiter.insert_on_demand(None)
         if self.collector is not None:
             self.collector.shutdown()
             self.collector = None
@@ -483,8 +489,4 @@ def _batch_length(batch: Any) -> int:
     return 1
 
 
-__all__ = [
-    "EPISODE_RETURN_KEY",
-    "OnlineCollector",
-    "make_gym_env",
-]
+__all__ = ["EPISODE_RETURN_KEY", "OnlineCollector"]

@@ -113,7 +113,7 @@ class Evaluation:
     def _environment(self, module: LightningModule) -> EnvBase:
         if self._env is None:
             if self.env is not None:
-                from rb_lightning.rl.collector import make_gym_env
+                from rb_lightning.rl.envs import make_gym_env
 
                 self._env = make_gym_env(self.env, **self.env_kwargs)
             else:

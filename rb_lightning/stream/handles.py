@@ -157,6 +157,12 @@ class BufferHandle:
         """Stored items ``start:stop`` in storage order (a slice: no copy of string items)."""
         return self.replay_buffer[start:stop]
 
+    def capacity(self) -> int | None:
+        """Items the buffer can hold (a mixture: its largest member); ``None``: unknown."""
+        sizes = [getattr(rb.storage, "max_size", None) for rb in self.in_process_buffers()]
+        known = [int(size) for size in sizes if isinstance(size, int)]
+        return max(known) if known else None
+
     # -- checks and preparation -------------------------------------------------------------
     def check_options(self, batch_size: int, loader: LoaderOptions) -> None:
         """Raise :class:`UsageError` for options this buffer cannot be served with."""

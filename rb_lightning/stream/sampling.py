@@ -40,6 +40,7 @@ from rb_lightning.columns import SAMPLER_INFO_KEYS
 from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
 from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
+from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
 from rb_lightning.validation import check_positive_int, check_replay_buffer
 
@@ -109,6 +110,8 @@ class BufferStream:
         self._info_overwrites: bool = False
         #: Batches drawn so far by this copy of the stream.
         self.batches_drawn: int = 0
+        #: Gates each draw on the replay ratio (a ``SamplesPerInsert``); ``None``: no gate.
+        self.rate_limiter: SamplesPerInsert | None = None
 
     # -- read-only configuration ------------------------------------------------------------
     @property
@@ -215,7 +218,12 @@ class BufferStream:
 
     # -- drawing ----------------------------------------------------------------------------
     def sample(self) -> Any:
-        """Draw one batch; if the buffer was emptied meanwhile, wait (``min_size``) or explain."""
+        """Draw one batch; if the buffer was emptied meanwhile, wait (``min_size``) or explain.
+
+        With a :attr:`rate_limiter`, first wait until the replay ratio allows a batch.
+        """
+        if self.rate_limiter is not None:
+            self.rate_limiter.acquire_sample(self._batch_size)
         try:
             batch = self._draw()
         except Exception:

@@ -21,6 +21,7 @@ from rb_lightning.stream.datasets import ReplayBufferBatchDataset
 from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetcher, move_batch
 from rb_lightning.stream.handles import BufferHandle
 from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader
+from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.stream.state import StreamState
 
 __all__ = ["TrainingStream"]
@@ -35,6 +36,8 @@ class TrainingStream:
         progress: Batches of the current epoch the training loop has taken and
             whether it is complete (``None`` outside a loop); see
             :func:`~rb_lightning.stream.state.fit_loop_progress`.
+        rate_limiter: Gates every draw on the replay ratio; its counters are
+            checkpointed with the stream.
 
     Examples:
         >>> import torch
@@ -55,8 +58,10 @@ class TrainingStream:
         loader_options: LoaderOptions,
         *,
         progress: Callable[[], tuple[int, bool] | None],
+        rate_limiter: SamplesPerInsert | None = None,
     ) -> None:
         self.loader_options = loader_options
+        self.rate_limiter = rate_limiter
         # Loaders with workers redraw what they read ahead; an in-process one keeps it.
         keep_read_ahead = loader_options.num_workers == 0
         self.state = StreamState(seed, progress=progress, keep_read_ahead=keep_read_ahead)
@@ -84,6 +89,7 @@ class TrainingStream:
             wait_timeout=wait_timeout,
             cursor=self.state.cursor,
         )
+        dataset.stream.rate_limiter = self.rate_limiter
         if device is not None:
             self._prefetcher = make_prefetcher(self.loader_options.prefetch_to_device, device)
         return ResumableBatchLoader(
@@ -95,6 +101,8 @@ class TrainingStream:
 
     def to_device(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
         """``batch`` on ``device``: the copy a prefetch started, the batch itself, or a copy."""
+        if self._prefetcher is None and batch.device == device:
+            return batch  # the common case, once per step: no further call
         pinned = self.loader_options.pin_memory
         return move_batch(batch, device, self._prefetcher, pin_memory=pinned)
 
@@ -111,12 +119,17 @@ class TrainingStream:
         saved = buffer.state_dict(
             trainer, inline_max_bytes=inline_max_bytes, pending_batches=self.state.read_ahead()
         )
-        return {"batches_served": stream["batches_served"], "stream": stream, "buffer": saved}
+        state = {"batches_served": stream["batches_served"], "stream": stream, "buffer": saved}
+        if self.rate_limiter is not None:
+            state["rate_limiter"] = self.rate_limiter.state_dict()
+        return state
 
     def load_state_dict(
         self, state: dict[str, Any], buffer: BufferHandle, trainer: Any, *, verify: Verify
     ) -> None:
         """Restore :meth:`state_dict`; the restored read-ahead batches are handed out first."""
         self.state.load_state_dict(state["stream"])
+        if self.rate_limiter is not None and "rate_limiter" in state:
+            self.rate_limiter.load_state_dict(state["rate_limiter"])
         if state.get("buffer") is not None:
             self.state.replay_first(buffer.load_state_dict(state["buffer"], trainer, verify=verify))
