@@ -7,17 +7,25 @@ permutation) and the sampling generator. The package, by job:
 * :mod:`~rb_lightning.checkpoint.dumps`: a buffer to a dump directory and back
   (:func:`dump_buffer`, :func:`load_dump`): memory-mapped tensors and JSON, never a pickle;
 * :mod:`~rb_lightning.checkpoint.kinds`: one class per kind of dump (by storage),
-  in one table keyed by the name the manifest records;
+  in one table keyed by the name the manifest records; what every kind holds
+  besides the items (sampler, writer, generator) is
+  :mod:`~rb_lightning.checkpoint.components`, the errors for a buffer that cannot
+  take a dump :mod:`~rb_lightning.checkpoint.mismatch`;
 * :mod:`~rb_lightning.checkpoint.manifest`: the manifest (format version, sizes
-  and ``xxh3_64`` checksums of every file, the buffer's build) and its verification;
+  and ``xxh3_64`` checksums of every file) and its verification;
+  :mod:`~rb_lightning.checkpoint.build`: the buffer's build it records, and the check
+  that a resumed buffer matches;
 * :mod:`~rb_lightning.checkpoint.files`: atomic versions (``fsync`` and rename),
   disk-space checks, cleanup of what a dead save left, packing into one tensor;
 * :mod:`~rb_lightning.checkpoint.state` and :mod:`~rb_lightning.checkpoint.io`:
   what a DataModule stores in its ``state_dict`` (small buffers packed inside the
   ``.ckpt``, larger ones written beside it as ``<ckpt>.buffer/<version>/`` by
-  :class:`BufferCheckpointIO`, before the ``.ckpt`` and removed with it);
+  :class:`BufferCheckpointIO`, before the ``.ckpt`` and removed with it;
+  :mod:`~rb_lightning.checkpoint.beside` holds the requests and references);
 * :mod:`~rb_lightning.checkpoint.load`: reading a saved buffer back from a
-  dump, a ``.ckpt`` or a run directory (:func:`load_buffer`).
+  dump, a ``.ckpt`` or a run directory (:func:`load_buffer`);
+* :mod:`~rb_lightning.checkpoint.adapter`: a dump as a component of a
+  ``torchrl.checkpoint.Checkpoint`` (:class:`BufferCheckpointAdapter`).
 
 A Ray buffer is saved by its actor (:mod:`rb_lightning.ray_checkpoint`; its
 names are importable from here, and import it on first use). The format is

@@ -49,9 +49,9 @@ from torchrl.data.replay_buffers.storages import (
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
 
-from .build import SAME_BUILD_HINT
 from .components import dump_components, load_components, on_host
 from .manifest import LIST_DIR, STORAGE_DIR, TENSOR_ROWS, TRANSFORM_STATE, Digests, not_this_layout
+from .mismatch import check_capacity, require_storage, unloadable
 
 __all__ = [
     "KINDS",
@@ -130,10 +130,10 @@ class ListItems(DumpKind):
         }
 
     def verify(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
-        _require(
+        require_storage(
             isinstance(replay_buffer.storage, ListStorage), root, "a ListStorage", replay_buffer
         )
-        _check_capacity(replay_buffer, root, manifest)
+        check_capacity(replay_buffer, root, manifest)
 
     def load(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
         storage = replay_buffer.storage
@@ -213,8 +213,8 @@ class FilledRows(DumpKind):
 
     def verify(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
         storage = replay_buffer.storage
-        _require(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
-        _check_capacity(replay_buffer, root, manifest)
+        require_storage(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
+        check_capacity(replay_buffer, root, manifest)
 
     def load(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
         storage = replay_buffer.storage
@@ -227,7 +227,7 @@ class FilledRows(DumpKind):
             with torchrl_compat.overwriting_scratch_files(storage):
                 storage.set(slice(0, manifest["len"]), rows)
         except Exception as error:
-            raise _unloadable(root, error, replay_buffer, rows) from error
+            raise unloadable(root, error, replay_buffer, rows) from error
         load_components(replay_buffer, root, manifest)
 
 
@@ -253,8 +253,8 @@ class WholeStorage(DumpKind):
 
     def verify(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
         storage = replay_buffer.storage
-        _require(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
-        _check_capacity(replay_buffer, root, manifest)
+        require_storage(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
+        check_capacity(replay_buffer, root, manifest)
 
     def load(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
         try:
@@ -263,7 +263,7 @@ class WholeStorage(DumpKind):
             with torchrl_compat.overwriting_scratch_files(replay_buffer.storage):
                 replay_buffer.storage.loads(root / STORAGE_DIR)
         except Exception as error:
-            raise _unloadable(root, error, replay_buffer) from error
+            raise unloadable(root, error, replay_buffer) from error
         load_components(replay_buffer, root, self.components_record(root, manifest))
         if (root / TRANSFORM_STATE).exists():
             replay_buffer.transform.load_state_dict(
@@ -343,83 +343,3 @@ def kind_named(name: Any, root: Path) -> DumpKind:
 def actor_dump_kind(length: int) -> str:
     """The kind of a dump a Ray buffer's actor wrote of ``length`` items."""
     return ActorDump.name if length else ActorEmpty.name
-
-
-# -- when a buffer cannot take a dump ----------------------------------------------------------
-def _require(ok: bool, root: Path, what: str, replay_buffer: ReplayBuffer) -> None:
-    if not ok:
-        raise BufferCheckpointError(
-            f"The buffer saved in {root} needs {what}, but the DataModule's buffer uses "
-            f"{type(replay_buffer.storage).__name__}. Build the buffer as in the saved run."
-        )
-
-
-def _check_capacity(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
-    saved = manifest.get("capacity")
-    given = replay_buffer.storage.max_size
-    if saved is not None and saved != given:
-        raise BufferCheckpointError(
-            f"The buffer saved in {root} has capacity max_size={saved}, the "
-            f"DataModule's buffer has max_size={given}. Build the buffer with the "
-            "same storage size as the saved run."
-        )
-
-
-def _unloadable(
-    root: Path, error: Exception, replay_buffer: ReplayBuffer, saved: Any = None
-) -> BufferCheckpointError:
-    """The error for saved items the receiving buffer could not take, naming the cause."""
-    head = (
-        f"Could not load the replay buffer saved in {root} into the DataModule's buffer "
-        f"({type(error).__name__}: {error})."
-    )
-    storage = replay_buffer.storage
-    scratch_dir = getattr(storage, "scratch_dir", None)
-    if "already exists" in str(error):
-        return BufferCheckpointError(
-            f"{head} The storage refused to replace files already in its scratch_dir "
-            f"{scratch_dir} (torchrl's existsok=False). Remove them, or give the storage "
-            "another scratch_dir."
-        )
-    if isinstance(error, OSError):
-        where = f"its scratch_dir {scratch_dir}" if scratch_dir else "its memory-mapped files"
-        return BufferCheckpointError(
-            f"{head} The storage could not write the restored items into {where}. Make that "
-            "directory writable, with room for max_size items, or point the storage's "
-            "scratch_dir at one that is."
-        )
-    difference = _column_difference(storage, saved)
-    if difference is not None:
-        return BufferCheckpointError(
-            f"{head} The DataModule's buffer already held items when the checkpoint was "
-            f"restored (filled by a source or a warm-up), and {difference}. Fill the buffer "
-            "with the saved columns, or resume without filling it first."
-        )
-    return BufferCheckpointError(f"{head} {SAME_BUILD_HINT}")
-
-
-def _column_difference(storage: Any, saved: Any) -> str | None:
-    """How the saved items' columns differ from those of an already filled storage."""
-    content = torchrl_compat.storage_content(storage)
-    if not getattr(storage, "initialized", False) or not isinstance(saved, TensorDictBase):
-        return None
-    if not isinstance(content, TensorDictBase):
-        return None
-
-    def columns(data: TensorDictBase) -> dict[str, tuple[Any, ...]]:
-        return {
-            ".".join(key) if isinstance(key, tuple) else key: (tuple(leaf.shape[1:]), leaf.dtype)
-            for key, leaf in data.items(include_nested=True, leaves_only=True)
-            if isinstance(leaf, torch.Tensor)
-        }
-
-    held, wanted = columns(content), columns(saved)
-    if held.keys() != wanted.keys():
-        return f"it holds columns {sorted(held)}, the checkpoint {sorted(wanted)}"
-    for name, (shape, dtype) in wanted.items():
-        if held[name] != (shape, dtype):
-            return (
-                f"column {name!r} holds {held[name][1]} of shape {list(held[name][0])} per "
-                f"item, the checkpoint's {dtype} of shape {list(shape)}"
-            )
-    return None
