@@ -254,7 +254,12 @@ def _weights_only(weights_only: bool | None) -> dict[str, bool]:
 
 
 def install_checkpoint_io(trainer: Any) -> None:
-    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO` (idempotent)."""
+    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once.
+
+    Idempotent: a call on a Trainer that has it already changes nothing, so it can
+    be called wherever the Trainer is first known (the DataModule's ``setup``).
+    ``trainer=None`` (a DataModule used without a Trainer) does nothing.
+    """
     strategy = getattr(trainer, "strategy", None)
     if strategy is None or isinstance(strategy.checkpoint_io, BufferCheckpointIO):
         return
