@@ -25,8 +25,8 @@ from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import BufferCheckpointError
-from rb_lightning.sources.mixture import BufferMixture
 from rb_lightning.runs.run_files import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
+from rb_lightning.sources.mixture import BufferMixture
 
 from .beside import RANK_PREFIX, resolve_reference
 from .dumps import load_dump
