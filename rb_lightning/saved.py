@@ -17,7 +17,7 @@ saved content, and says what the path was. It reads:
   read only with ``allow_pickle=True``.
 
 A checkpoint is read with ``torch.load(weights_only=True)``: nothing is
-unpickled. Dumps are read by :mod:`rb_lightning.buffer_format`'s reader into a
+unpickled. Dumps are read by :func:`rb_lightning.checkpoint.load_dump` into a
 buffer built like the saved one (storage, capacity, sampler and writer are in
 the dump's manifest).
 
@@ -50,12 +50,14 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.buffer_format import MANIFEST, load_buffer, read_manifest
 from rb_lightning.checkpoint import (
+    MANIFEST,
     BufferCheckpointError,
     checkpoint_buffer_state,
     checkpoint_dumps,
     checkpoint_path_of,
+    load_dump,
+    read_manifest,
     read_torch_file,
 )
 from rb_lightning.columns import flat_name, leaf_keys
@@ -305,7 +307,7 @@ def _load_dump(root: Path) -> ReplayBuffer:
     """A new buffer built like the one saved in the dump ``root``, holding its content."""
     manifest = read_manifest(root)
     rb = _build_like(manifest.get("build") or {}, root)
-    load_buffer(rb, root)
+    load_dump(rb, root)
     return rb
 
 

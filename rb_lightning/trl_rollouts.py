@@ -59,7 +59,13 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import dump_buffer, load_buffer, read_manifest
+from rb_lightning.checkpoint import (
+    dump_buffer,
+    load_dump,
+    publish_version,
+    read_manifest,
+    sync_path,
+)
 
 try:
     from transformers import TrainerCallback
@@ -181,7 +187,8 @@ class RolloutRecorder(TrainerCallback):
             if stale.exists():  # a save at the same step again, or a dead save's leftover
                 shutil.rmtree(stale)
         dump_buffer(self.replay_buffer, staging, extra={"generations": self.generations})
-        staging.rename(target)  # the checkpoint holds a whole dump or none
+        sync_path(staging)  # flushed before the rename: the checkpoint holds a whole dump or none
+        publish_version(staging, target.parent, ROLLOUTS_DIR)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """On a resumed run, load the buffer saved with the checkpoint it resumes from."""
@@ -195,7 +202,7 @@ class RolloutRecorder(TrainerCallback):
                 f"checkpoint saved with a RolloutRecorder attached, in output_dir "
                 f"({args.output_dir}), or start from step 0."
             )
-        load_buffer(self.replay_buffer, source)  # replaces what is in the buffer
+        load_dump(self.replay_buffer, source)  # replaces what is in the buffer
         self.generations = int(read_manifest(source)["generations"])
 
 

@@ -203,7 +203,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
 
     # In Python, the dump reader says what a .ckpt is and what reads it.
     with pytest.raises(BufferCheckpointError, match=r"is a file.*checkpoint\.load_buffer"):
-        from rb_lightning.buffer_format import load_buffer as load_dump
+        from rb_lightning.checkpoint import load_dump
 
         load_dump(TensorDictReplayBuffer(storage=LazyTensorStorage(16)), checkpoint)
 

@@ -1,4 +1,4 @@
-"""rb_lightning.buffer_format as a unit: round trip, manifest, atomic versions, build check."""
+"""Buffer dumps as a unit: round trip, manifest, atomic versions, build check, layouts refused."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
-from rb_lightning.buffer_format import (
+from rb_lightning.checkpoint import (
     MANIFEST,
     BufferCheckpointAdapter,
     BufferCheckpointError,
     dump_buffer,
-    load_buffer,
+    load_dump,
     pack_directory,
     read_manifest,
     remove_stale_versions,
@@ -49,7 +49,7 @@ def test_round_trip_keeps_items_strings_and_write_count(tmp_path, n):
         rb.extend(_items(n))
     manifest = dump_buffer(rb, tmp_path / "dump")
     restored = _buffer()
-    assert load_buffer(restored, tmp_path / "dump") == []
+    assert load_dump(restored, tmp_path / "dump") == []
     assert len(restored) == len(rb) == manifest["len"]
     assert restored.write_count == n == manifest["write_count"]
     if n:
@@ -64,7 +64,7 @@ def test_list_storage_round_trip(tmp_path):
         rb.add(TensorDict({"id": torch.tensor(i)}))
     dump_buffer(rb, tmp_path / "dump")
     restored = ReplayBuffer(storage=ListStorage(8))
-    load_buffer(restored, tmp_path / "dump")
+    load_dump(restored, tmp_path / "dump")
     assert [int(restored[i]["id"]) for i in range(3)] == [0, 1, 2]
 
 
@@ -72,7 +72,7 @@ def test_pending_batches_come_back(tmp_path):
     rb = _buffer()
     rb.extend(_items(4))
     dump_buffer(rb, tmp_path / "dump", pending_batches=[_items(2, 100).exclude("text")])
-    pending = load_buffer(_buffer(), tmp_path / "dump")
+    pending = load_dump(_buffer(), tmp_path / "dump")
     assert len(pending) == 1 and pending[0]["id"].tolist() == [100, 101]
 
 
@@ -97,7 +97,7 @@ def test_damaged_dump_is_refused_naming_the_file(tmp_path):
     victim = next(p for p in (tmp_path / "dump").rglob("*.memmap"))
     victim.write_bytes(victim.read_bytes()[:-1])
     with pytest.raises(BufferCheckpointError, match=rf"corrupted: .*{victim.name}"):
-        load_buffer(_buffer(), tmp_path / "dump")
+        load_dump(_buffer(), tmp_path / "dump")
 
 
 def test_missing_manifest_is_refused(tmp_path):
@@ -106,7 +106,7 @@ def test_missing_manifest_is_refused(tmp_path):
     dump_buffer(rb, tmp_path / "dump")
     (tmp_path / "dump" / MANIFEST).unlink()
     with pytest.raises(BufferCheckpointError, match="no readable manifest.json"):
-        load_buffer(_buffer(), tmp_path / "dump")
+        load_dump(_buffer(), tmp_path / "dump")
 
 
 def test_newer_format_is_refused(tmp_path):
@@ -118,6 +118,32 @@ def test_newer_format_is_refused(tmp_path):
         read_manifest(tmp_path / "dump")
 
 
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"kind": "list_state_dict"}, "kind 'list_state_dict'"),
+        ({"build": None}, "records no build"),
+        ({"format": 0}, "format 0"),
+    ],
+    ids=["unknown-kind", "no-build-record", "format-0"],
+)
+def test_unreleased_older_layout_is_refused_with_the_fix(tmp_path, change, detail):
+    rb = _buffer()
+    rb.extend(_items(3))
+    dump_buffer(rb, tmp_path / "dump")
+    path = tmp_path / "dump" / MANIFEST
+    manifest = {**json.loads(path.read_text()), **change}
+    path.write_text(json.dumps({k: v for k, v in manifest.items() if v is not None}))
+    restored = _buffer()
+    restored.extend(_items(2, start=50))
+    with pytest.raises(BufferCheckpointError) as caught:
+        load_dump(restored, tmp_path / "dump")
+    message = str(caught.value)
+    assert detail in message and "earlier, unreleased layouts" in message
+    assert "Resume from a checkpoint written by this version of rb_lightning" in message
+    assert restored[:2]["id"].tolist() == [50, 51]  # untouched
+
+
 def test_planted_pickle_is_refused(tmp_path):
     rb = _buffer()
     rb.extend(_items(3))
@@ -125,7 +151,7 @@ def test_planted_pickle_is_refused(tmp_path):
     (tmp_path / "dump" / "evil.pkl").write_bytes(b"not read")
     # The manifest does not list it either; the pickle check names it first.
     with pytest.raises(BufferCheckpointError):
-        load_buffer(_buffer(), tmp_path / "dump")
+        load_dump(_buffer(), tmp_path / "dump")
 
 
 def test_mismatched_build_is_refused_naming_each_difference(tmp_path):
@@ -136,12 +162,12 @@ def test_mismatched_build_is_refused_naming_each_difference(tmp_path):
     with pytest.raises(
         BufferCheckpointError, match=r"max_size=16, given max_size=32.*sampler=PrioritizedSampler"
     ):
-        load_buffer(other, tmp_path / "dump")
+        load_dump(other, tmp_path / "dump")
     same_kind = _buffer(sampler=PrioritizedSampler(16, alpha=0.6, beta=0.5))
     with pytest.raises(
         BufferCheckpointError, match=r"alpha=0.7\), given PrioritizedSampler\(alpha=0.6"
     ):
-        load_buffer(same_kind, tmp_path / "dump")
+        load_dump(same_kind, tmp_path / "dump")
 
 
 def test_write_version_is_atomic_and_cleans_failures(tmp_path):
@@ -175,7 +201,7 @@ def test_pack_unpack_round_trip(tmp_path):
     assert archive.dtype == torch.uint8
     unpack_directory(archive, tmp_path / "copy")
     restored = _buffer()
-    load_buffer(restored, tmp_path / "copy")
+    load_dump(restored, tmp_path / "copy")
     assert restored[:3]["id"].tolist() == [0, 1, 2]
 
 

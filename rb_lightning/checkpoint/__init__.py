@@ -1,0 +1,186 @@
+"""Replay-buffer checkpoints: a buffer saved exactly, inside a Lightning ``.ckpt`` or beside it.
+
+A resumed online RL / RLHF run needs its buffer back exactly: content, writer
+cursor and ``write_count``, sampler state (priorities, the without-replacement
+permutation) and the sampling generator. The package, by job:
+
+* :mod:`~rb_lightning.checkpoint.dumps`: a buffer to a dump directory and back
+  (:func:`dump_buffer`, :func:`load_dump`): memory-mapped tensors and JSON, never a pickle;
+* :mod:`~rb_lightning.checkpoint.kinds`: one class per kind of dump (by storage),
+  in one table keyed by the name the manifest records; what every kind holds
+  besides the items (sampler, writer, generator) is
+  :mod:`~rb_lightning.checkpoint.components`, the errors for a buffer that cannot
+  take a dump :mod:`~rb_lightning.checkpoint.mismatch`;
+* :mod:`~rb_lightning.checkpoint.manifest`: the manifest (format version, sizes
+  and ``xxh3_64`` checksums of every file) and its verification;
+  :mod:`~rb_lightning.checkpoint.build`: the buffer's build it records, and the check
+  that a resumed buffer matches;
+* :mod:`~rb_lightning.checkpoint.files`: atomic versions (``fsync`` and rename),
+  disk-space checks, cleanup of what a dead save left, packing into one tensor;
+* :mod:`~rb_lightning.checkpoint.state` and :mod:`~rb_lightning.checkpoint.io`:
+  what a DataModule stores in its ``state_dict`` (small buffers packed inside the
+  ``.ckpt``, larger ones written beside it as ``<ckpt>.buffer/<version>/`` by
+  :class:`BufferCheckpointIO`, before the ``.ckpt`` and removed with it;
+  :mod:`~rb_lightning.checkpoint.beside` holds the requests and references);
+* :mod:`~rb_lightning.checkpoint.load`: reading a saved buffer back from a
+  dump, a ``.ckpt`` or a run directory (:func:`load_buffer`);
+* :mod:`~rb_lightning.checkpoint.adapter`: a dump as a component of a
+  ``torchrl.checkpoint.Checkpoint`` (:class:`BufferCheckpointAdapter`).
+
+A Ray buffer is saved by its actor (:mod:`rb_lightning.ray_checkpoint`; its
+names are importable from here, and import it on first use). The format is
+version 1 until rb_lightning's first release: a dump of an earlier, unreleased
+layout is refused with a :class:`BufferCheckpointError` saying so. A missing or
+damaged buffer raises :class:`BufferCheckpointError` naming the path, never a
+silently empty buffer; a dump that would not fit the disk raises
+:class:`NotEnoughDiskSpaceError` before anything is written.
+
+Examples:
+    >>> import tempfile
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.checkpoint import dump_buffer, load_buffer
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = dump_buffer(rb, f"{tmp}/buf")
+    ...     restored = ReplayBuffer(storage=LazyTensorStorage(10))
+    ...     _ = load_buffer(restored, f"{tmp}/buf")
+    >>> restored[:]["x"].tolist(), restored.write_count
+    ([0, 1, 2, 3], 4)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError
+
+from .adapter import BufferCheckpointAdapter
+from .beside import (
+    BUFFER_DIR_SUFFIX,
+    BufferDumpRequest,
+    RankDumpsRequest,
+    buffer_dir_for,
+    resolve_reference,
+    staging_dir_for,
+)
+from .build import buffer_build, check_same_build
+from .components import ensure_generator
+from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+from .files import (
+    check_disk_space,
+    free_disk_bytes,
+    pack_directory,
+    publish_version,
+    remove_stale_versions,
+    sync_path,
+    unpack_directory,
+    write_version,
+)
+from .io import BufferCheckpointIO, install_checkpoint_io
+from .kinds import writes_filled_rows_only
+from .load import (
+    checkpoint_buffer_state,
+    checkpoint_dumps,
+    checkpoint_path_of,
+    load_buffer,
+    read_torch_file,
+)
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    VERIFY_MODES,
+    Verify,
+    check_verify_mode,
+    read_manifest,
+)
+from .state import (
+    DEFAULT_INLINE_MAX_BYTES,
+    buffer_state,
+    mixture_state,
+    rank_buffer_state,
+    restore_buffer_state,
+    restore_mixture_state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rb_lightning.ray_checkpoint import (
+        RemoteDumpRequest,
+        dump_remote_buffer,
+        load_remote_buffer,
+        remote_buffer_state,
+        restore_remote_buffer_state,
+    )
+
+#: A Ray buffer's checkpoint names, defined in rb_lightning.ray_checkpoint (imported on use).
+_RAY_NAMES = (
+    "RemoteDumpRequest",
+    "dump_remote_buffer",
+    "load_remote_buffer",
+    "remote_buffer_state",
+    "restore_remote_buffer_state",
+)
+
+__all__ = [
+    "BUFFER_DIR_SUFFIX",
+    "DEFAULT_INLINE_MAX_BYTES",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "VERIFY_MODES",
+    "BufferCheckpointAdapter",
+    "BufferCheckpointError",
+    "BufferCheckpointIO",
+    "BufferDumpRequest",
+    "NotEnoughDiskSpaceError",
+    "RankDumpsRequest",
+    "RemoteDumpRequest",
+    "Verify",
+    "buffer_build",
+    "buffer_dir_for",
+    "buffer_nbytes",
+    "buffer_state",
+    "check_disk_space",
+    "check_same_build",
+    "check_verify_mode",
+    "checkpoint_buffer_state",
+    "checkpoint_dumps",
+    "checkpoint_path_of",
+    "dump_buffer",
+    "dump_nbytes",
+    "dump_remote_buffer",
+    "ensure_generator",
+    "free_disk_bytes",
+    "install_checkpoint_io",
+    "load_buffer",
+    "load_dump",
+    "load_remote_buffer",
+    "mixture_state",
+    "pack_directory",
+    "publish_version",
+    "rank_buffer_state",
+    "read_manifest",
+    "read_torch_file",
+    "remote_buffer_state",
+    "remove_stale_versions",
+    "resolve_reference",
+    "restore_buffer_state",
+    "restore_mixture_state",
+    "restore_remote_buffer_state",
+    "staging_dir_for",
+    "sync_path",
+    "unpack_directory",
+    "write_version",
+    "writes_filled_rows_only",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RAY_NAMES:
+        raise AttributeError(f"module 'rb_lightning.checkpoint' has no attribute {name!r}")
+    from rb_lightning import ray_checkpoint
+
+    value = getattr(ray_checkpoint, name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
