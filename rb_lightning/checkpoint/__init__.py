@@ -27,7 +27,7 @@ permutation) and the sampling generator. The package, by job:
 * :mod:`~rb_lightning.checkpoint.adapter`: a dump as a component of a
   ``torchrl.checkpoint.Checkpoint`` (:class:`BufferCheckpointAdapter`).
 
-A Ray buffer is saved by its actor (:mod:`rb_lightning.ray_checkpoint`; its
+A Ray buffer is saved by its actor (:mod:`rb_lightning.distributed.ray_checkpoint`; its
 names are importable from here, and import it on first use). The format is
 version 1 until rb_lightning's first release: a dump of an earlier, unreleased
 layout is refused with a :class:`BufferCheckpointError` saying so. A missing or
@@ -53,60 +53,13 @@ Examples:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError
-
-from .adapter import BufferCheckpointAdapter
-from .beside import (
-    BUFFER_DIR_SUFFIX,
-    BufferDumpRequest,
-    RankDumpsRequest,
-    buffer_dir_for,
-    resolve_reference,
-    staging_dir_for,
-)
-from .build import buffer_build, check_same_build
-from .components import ensure_generator
-from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
-from .files import (
-    check_disk_space,
-    free_disk_bytes,
-    pack_directory,
-    publish_version,
-    remove_stale_versions,
-    sync_path,
-    unpack_directory,
-    write_version,
-)
-from .io import BufferCheckpointIO, install_checkpoint_io
-from .kinds import writes_filled_rows_only
-from .load import (
-    checkpoint_buffer_state,
-    checkpoint_dumps,
-    checkpoint_path_of,
-    load_buffer,
-    read_torch_file,
-)
-from .manifest import (
-    FORMAT_VERSION,
-    MANIFEST,
-    VERIFY_MODES,
-    Verify,
-    check_verify_mode,
-    read_manifest,
-)
-from .state import (
-    DEFAULT_INLINE_MAX_BYTES,
-    buffer_state,
-    mixture_state,
-    rank_buffer_state,
-    restore_buffer_state,
-    restore_mixture_state,
-)
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rb_lightning.ray_checkpoint import (
+    from rb_lightning.distributed.ray_checkpoint import (
         RemoteDumpRequest,
         dump_remote_buffer,
         load_remote_buffer,
@@ -114,7 +67,102 @@ if TYPE_CHECKING:  # pragma: no cover
         restore_remote_buffer_state,
     )
 
-#: A Ray buffer's checkpoint names, defined in rb_lightning.ray_checkpoint (imported on use).
+    from .adapter import BufferCheckpointAdapter
+    from .beside import (
+        BUFFER_DIR_SUFFIX,
+        BufferDumpRequest,
+        RankDumpsRequest,
+        buffer_dir_for,
+        resolve_reference,
+        staging_dir_for,
+    )
+    from .build import buffer_build, check_same_build
+    from .components import ensure_generator
+    from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+    from .files import (
+        check_disk_space,
+        free_disk_bytes,
+        pack_directory,
+        publish_version,
+        remove_stale_versions,
+        sync_path,
+        unpack_directory,
+        write_version,
+    )
+    from .io import BufferCheckpointIO, install_checkpoint_io
+    from .kinds import writes_filled_rows_only
+    from .load import (
+        checkpoint_buffer_state,
+        checkpoint_dumps,
+        checkpoint_path_of,
+        load_buffer,
+        read_torch_file,
+    )
+    from .manifest import (
+        FORMAT_VERSION,
+        MANIFEST,
+        VERIFY_MODES,
+        Verify,
+        check_verify_mode,
+        read_manifest,
+    )
+    from .state import (
+        DEFAULT_INLINE_MAX_BYTES,
+        buffer_state,
+        mixture_state,
+        rank_buffer_state,
+        restore_buffer_state,
+        restore_mixture_state,
+    )
+
+#: Public name -> the module that defines it: imported on first use, so importing one
+#: module of the package (the buffer handles import .state) does not import them all.
+_HOMES = {
+    "BUFFER_DIR_SUFFIX": "rb_lightning.checkpoint.beside",
+    "BufferCheckpointAdapter": "rb_lightning.checkpoint.adapter",
+    "BufferCheckpointIO": "rb_lightning.checkpoint.io",
+    "BufferDumpRequest": "rb_lightning.checkpoint.beside",
+    "DEFAULT_INLINE_MAX_BYTES": "rb_lightning.checkpoint.state",
+    "FORMAT_VERSION": "rb_lightning.checkpoint.manifest",
+    "MANIFEST": "rb_lightning.checkpoint.manifest",
+    "RankDumpsRequest": "rb_lightning.checkpoint.beside",
+    "VERIFY_MODES": "rb_lightning.checkpoint.manifest",
+    "Verify": "rb_lightning.checkpoint.manifest",
+    "buffer_build": "rb_lightning.checkpoint.build",
+    "buffer_dir_for": "rb_lightning.checkpoint.beside",
+    "buffer_nbytes": "rb_lightning.checkpoint.dumps",
+    "buffer_state": "rb_lightning.checkpoint.state",
+    "check_disk_space": "rb_lightning.checkpoint.files",
+    "check_same_build": "rb_lightning.checkpoint.build",
+    "check_verify_mode": "rb_lightning.checkpoint.manifest",
+    "checkpoint_buffer_state": "rb_lightning.checkpoint.load",
+    "checkpoint_dumps": "rb_lightning.checkpoint.load",
+    "checkpoint_path_of": "rb_lightning.checkpoint.load",
+    "dump_buffer": "rb_lightning.checkpoint.dumps",
+    "dump_nbytes": "rb_lightning.checkpoint.dumps",
+    "ensure_generator": "rb_lightning.checkpoint.components",
+    "free_disk_bytes": "rb_lightning.checkpoint.files",
+    "install_checkpoint_io": "rb_lightning.checkpoint.io",
+    "load_buffer": "rb_lightning.checkpoint.load",
+    "load_dump": "rb_lightning.checkpoint.dumps",
+    "mixture_state": "rb_lightning.checkpoint.state",
+    "pack_directory": "rb_lightning.checkpoint.files",
+    "publish_version": "rb_lightning.checkpoint.files",
+    "rank_buffer_state": "rb_lightning.checkpoint.state",
+    "read_manifest": "rb_lightning.checkpoint.manifest",
+    "read_torch_file": "rb_lightning.checkpoint.load",
+    "remove_stale_versions": "rb_lightning.checkpoint.files",
+    "resolve_reference": "rb_lightning.checkpoint.beside",
+    "restore_buffer_state": "rb_lightning.checkpoint.state",
+    "restore_mixture_state": "rb_lightning.checkpoint.state",
+    "staging_dir_for": "rb_lightning.checkpoint.beside",
+    "sync_path": "rb_lightning.checkpoint.files",
+    "unpack_directory": "rb_lightning.checkpoint.files",
+    "write_version": "rb_lightning.checkpoint.files",
+    "writes_filled_rows_only": "rb_lightning.checkpoint.kinds",
+}
+
+#: A Ray buffer's checkpoint names, defined in rb_lightning.distributed.ray_checkpoint (imported on use).
 _RAY_NAMES = (
     "RemoteDumpRequest",
     "dump_remote_buffer",
@@ -176,11 +224,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _RAY_NAMES:
-        raise AttributeError(f"module 'rb_lightning.checkpoint' has no attribute {name!r}")
-    from rb_lightning import ray_checkpoint
-
-    value = getattr(ray_checkpoint, name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+_HOMES.update(dict.fromkeys(_RAY_NAMES, "rb_lightning.distributed.ray_checkpoint"))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -60,7 +60,7 @@ def buffer_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
     (``alpha``, ``beta``, ``eps``, ``max_capacity`` of a ``PrioritizedSampler``;
     ``drop_last``, ``shuffle`` of a ``SamplerWithoutReplacement``). Recorded in
     every dump's manifest and compared on load by :func:`check_same_build`. A
-    Ray buffer's is read inside its actor (:mod:`rb_lightning.ray_checkpoint`).
+    Ray buffer's is read inside its actor (:mod:`rb_lightning.distributed.ray_checkpoint`).
     """
     sampler = replay_buffer.sampler
     parts = {

@@ -12,7 +12,7 @@ written, never a pickle.
   only, restored into a buffer of the saved capacity (checkpoints sized by content);
 * ``whole_storage``: any other tensor storage, written by its own checkpointer;
 * ``torchrl_dumps`` and ``remote_empty``: written by a Ray buffer's actor with
-  torchrl's ``dumps`` (:mod:`rb_lightning.ray_checkpoint`), read here too.
+  torchrl's ``dumps`` (:mod:`rb_lightning.distributed.ray_checkpoint`), read here too.
 
 :func:`kind_of` picks the kind a buffer is saved as (the first of :data:`KINDS`
 that matches it), :func:`kind_named` the one a manifest names.
@@ -278,7 +278,7 @@ class WholeStorage(DumpKind):
 
 _WRITTEN_BY_ACTOR = (
     "A {name!r} dump is written by a Ray buffer's actor "
-    "(rb_lightning.ray_checkpoint.dump_remote_buffer), not by this process."
+    "(rb_lightning.distributed.ray_checkpoint.dump_remote_buffer), not by this process."
 )
 
 

@@ -26,7 +26,7 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.runs.run_files import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
-from rb_lightning.sources.mixture import BufferMixture
+from rb_lightning.stream.handles import resolve_buffer
 
 from .beside import RANK_PREFIX, resolve_reference
 from .dumps import load_dump
@@ -235,11 +235,9 @@ def load_buffer(
 
 
 def _restores_whole_mixture(replay_buffer: Any, state: dict[str, Any]) -> bool:
-    """Whether a mixture's checkpoint goes into a whole :class:`BufferMixture` (every member).
-
-    The one place this package asks what kind of buffer it was given.
-    """
-    return state.get("location") == "mixture" and isinstance(replay_buffer, BufferMixture)
+    """Whether a mixture's checkpoint goes into a whole mixture (every member), by its handle."""
+    whole = resolve_buffer(replay_buffer).source_names is not None
+    return state.get("location") == "mixture" and whole
 
 
 def _pick_dump(

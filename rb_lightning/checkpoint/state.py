@@ -5,8 +5,8 @@ One pair of functions per kind of buffer: :func:`buffer_state` /
 :func:`restore_mixture_state` (a :class:`~rb_lightning.BufferMixture`) and
 :func:`rank_buffer_state` (one buffer per DDP rank, restored by
 :func:`restore_buffer_state` on each rank). A Ray buffer's are
-:func:`~rb_lightning.ray_checkpoint.remote_buffer_state` and
-:func:`~rb_lightning.ray_checkpoint.restore_remote_buffer_state`.
+:func:`~rb_lightning.distributed.ray_checkpoint.remote_buffer_state` and
+:func:`~rb_lightning.distributed.ray_checkpoint.restore_remote_buffer_state`.
 
 Where a dump goes is a size policy (:data:`DEFAULT_INLINE_MAX_BYTES`): a small
 buffer's dump is packed (uncompressed tar) into a ``uint8`` tensor stored in

@@ -44,18 +44,17 @@ from torchrl.data import ListStorage, ReplayBuffer, ReplayBufferEnsemble, Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning import torchrl_compat
-from rb_lightning.checkpoint import (
-    Verify,
+from rb_lightning.checkpoint.components import ensure_generator
+from rb_lightning.checkpoint.manifest import Verify
+from rb_lightning.checkpoint.state import (
     buffer_state,
-    ensure_generator,
     mixture_state,
     rank_buffer_state,
-    remote_buffer_state,
     restore_buffer_state,
     restore_mixture_state,
-    restore_remote_buffer_state,
 )
 from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
+from rb_lightning.distributed.ray_checkpoint import remote_buffer_state, restore_remote_buffer_state
 from rb_lightning.errors import MissingKeyError, UsageError
 from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.stream.device_prefetch import check_device_storage, storage_device

@@ -7,7 +7,7 @@ refuses both (``invalid="raise"``, the default) or replaces them with the
 sampler's current max priority (``invalid="replace"``) and says how many.
 
 :meth:`~rb_lightning.ReplayBufferDataModule.update_priority` and
-:class:`~rb_lightning.ray.RayReplayBufferView` run it; call it yourself before
+:class:`~rb_lightning.distributed.ray.RayReplayBufferView` run it; call it yourself before
 ``rb.update_priority`` anywhere else.
 
 Examples:

@@ -16,7 +16,7 @@ trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
 from tiny_llm import tiny_model  # noqa: E402
 
-from rb_lightning.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: E402
+from rb_lightning.hf.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: E402
 
 pytestmark = pytest.mark.hf
 

@@ -14,7 +14,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule, ReplayBufferDataset
-from rb_lightning.ray import RayReplayBufferView
+from rb_lightning.distributed.ray import RayReplayBufferView
 from rb_lightning.stream.priorities import InvalidPriorityError, check_priority
 
 ITEMS = 2_000

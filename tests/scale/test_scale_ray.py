@@ -22,7 +22,7 @@ from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import RemoteDumpRequest
 
 ray = pytest.importorskip("ray")
-from rb_lightning.ray import RayReplayBufferView, named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -6,7 +6,7 @@ The command behind the console script. From a run to a TRL trainer::
     rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
     # in the TRL script: train_dataset = datasets.load_from_disk("sft_data")
 
-What it reads is :func:`rb_lightning.saved.open_saved_buffer`'s job; the
+What it reads is :func:`rb_lightning.checkpoint.saved.open_saved_buffer`'s job; the
 export is :func:`rb_lightning.hf.to_hf_dataset` (``streaming=False``). Both are
 imported only once a buffer is read, so ``--help`` answers without loading
 torch or ``datasets``.
@@ -123,8 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     from rb_lightning.checkpoint import BufferCheckpointError
+    from rb_lightning.checkpoint.saved import open_saved_buffer
     from rb_lightning.errors import UsageError
-    from rb_lightning.saved import open_saved_buffer
 
     # torchrl logs every storage it initialises at INFO (set when torchrl is imported);
     # the summary printed below says what matters.
@@ -200,5 +200,5 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-if __name__ == "__main__":  # python -m rb_lightning.export_hf BUFFER OUT
+if __name__ == "__main__":  # python -m rb_lightning.hf.cli BUFFER OUT
     raise SystemExit(main())

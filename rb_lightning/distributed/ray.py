@@ -17,7 +17,7 @@ Example (one process serves, another connects; here both are this process)::
     from functools import partial
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, ReplayBuffer
-    from rb_lightning.ray import RayReplayBufferView, named_actor_config
+    from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config
 
     ray.init(num_cpus=1, include_dashboard=False)
     owner = ReplayBuffer(
@@ -39,6 +39,7 @@ from typing import Any
 
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
 
+from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
 from rb_lightning.stream.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -71,7 +72,7 @@ def named_actor_config(
         {'num_cpus': 0, 'name': 'replay', 'namespace': 'rb_lightning'}
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+        raise UsageError("name", f"name must be a non-empty string, got {name!r}.")
     return {"num_cpus": num_cpus, **options, "name": name, "namespace": namespace}
 
 
@@ -161,7 +162,7 @@ def _find_actor(
             return ray.get_actor(name, namespace=namespace)
         except ValueError:  # Ray's "failed to look up actor"
             if time.monotonic() > deadline:
-                raise TimeoutError(
+                raise SampleTimeoutError(
                     f"No Ray replay buffer named {name!r} in namespace {namespace!r} appeared "
                     f"within {timeout:.0f}s on the cluster at "
                     f"{ray.get_runtime_context().gcs_address}. Start its owner on that cluster "
@@ -182,7 +183,10 @@ def _find_actor(
 def _actor(replay_buffer: RayReplayBuffer) -> Any:
     actor = ray_buffer_actor(replay_buffer)
     if actor is None:
-        raise RuntimeError(f"{type(replay_buffer).__name__} is closed: it has no actor.")
+        raise BufferStateError(
+            f"{type(replay_buffer).__name__} is closed: it has no actor. Build a new view "
+            "(RayReplayBufferView(name=...)) or a new Ray-backed buffer."
+        )
     return actor
 
 

@@ -6,7 +6,7 @@ the ``.ckpt`` (:func:`remote_buffer_state`, :class:`RemoteDumpRequest`,
 :func:`dump_remote_buffer`), and on resume loads it back into the actor while
 every rank waits (:func:`restore_remote_buffer_state`, :func:`load_remote_buffer`).
 The manifest, the checks and the versions beside the ``.ckpt`` are
-:mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.ray`'s.
+:mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.distributed.ray`'s.
 A dump written this way is also read into a buffer of this process by
 :func:`rb_lightning.checkpoint.load_buffer` (to export a Ray run's buffer).
 
@@ -52,7 +52,7 @@ _WRONG_KIND = (
 
 def remote_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
     """The build record of a Ray buffer (see :func:`~rb_lightning.checkpoint.buffer_build`), read in its actor."""
-    from rb_lightning.ray import remote_build as describe_in_actor
+    from rb_lightning.distributed.ray import remote_build as describe_in_actor
 
     parts = describe_in_actor(replay_buffer, list(torchrl_compat.SAMPLER_SETTINGS))
     attributes = parts.pop("sampler_attributes")
@@ -68,7 +68,7 @@ def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
     ``path`` must be reachable from the actor's process (same machine or a shared
     filesystem). The manifest is written by this process afterwards.
     """
-    from rb_lightning.ray import dump_in_actor
+    from rb_lightning.distributed.ray import dump_in_actor
 
     root = Path(path).absolute()
     build = remote_build(replay_buffer)
@@ -105,7 +105,7 @@ def load_remote_buffer(
     actor then reads it with torchrl's ``loads``, so ``path`` must be reachable from
     the actor's process.
     """
-    from rb_lightning.ray import load_in_actor
+    from rb_lightning.distributed.ray import load_in_actor
 
     root = Path(path).absolute()
     manifest = read_manifest(root, verify=verify)

@@ -63,6 +63,7 @@ from rb_lightning.checkpoint import (
 from rb_lightning.columns import flat_name, leaf_keys
 from rb_lightning.errors import UsageError
 from rb_lightning.sources.mixture import BufferMixture
+from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS
 
 __all__ = ["SavedBuffer", "open_saved_buffer"]
@@ -139,9 +140,7 @@ class SavedBuffer:
 
 
 def _first_items(replay_buffer: ReplayBuffer) -> TensorDictBase:
-    if isinstance(replay_buffer, BufferMixture):
-        return replay_buffer.items(0, 1)
-    return replay_buffer[0:1]
+    return resolve_buffer(replay_buffer).read(0, 1)
 
 
 def open_saved_buffer(

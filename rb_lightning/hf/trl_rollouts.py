@@ -34,7 +34,7 @@ This module imports ``transformers``; ``import rb_lightning`` does not import
 it.
 
 Examples:
-    >>> from rb_lightning.trl_rollouts import RolloutRecorder
+    >>> from rb_lightning.hf.trl_rollouts import RolloutRecorder
     >>> recorder = RolloutRecorder(capacity=1_000)
     >>> len(recorder.replay_buffer), recorder.generations
     (0, 0)
@@ -66,12 +66,13 @@ from rb_lightning.checkpoint import (
     read_manifest,
     sync_path,
 )
+from rb_lightning.errors import ArgumentTypeError, PathNotFoundError, UsageError
 
 try:
     from transformers import TrainerCallback
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'rb_lightning.trl_rollouts needs the "hf" extra: pip install "rb-lightning[hf]"'
+        'rb_lightning.hf.trl_rollouts needs the "hf" extra: pip install "rb-lightning[hf]"'
     ) from err
 
 #: Folder of the rollout buffer inside each TRL checkpoint folder.
@@ -119,13 +120,17 @@ class RolloutRecorder(TrainerCallback):
         """
         missing = [name for name in _TRL_MEMBERS if not hasattr(trainer, name)]
         if missing:
-            raise TypeError(
+            raise ArgumentTypeError(
+                "trainer",
                 f"RolloutRecorder.attach needs a trl.GRPOTrainer (tested with trl 1.16); "
                 f"{type(trainer).__name__} has no {', '.join(missing)}. Attach it to a "
-                "GRPOTrainer, or pin trl to a version that has them."
+                "GRPOTrainer, or pin trl to a version that has them.",
             )
         if self._trainer is not None:
-            raise RuntimeError("This RolloutRecorder is already attached to a trainer.")
+            raise UsageError(
+                "trainer",
+                "This RolloutRecorder is already attached to a trainer: build one per trainer.",
+            )
         generate = trainer._generate_and_score_completions
 
         def generate_and_record(*args: Any, **kwargs: Any) -> Any:
@@ -196,7 +201,7 @@ class RolloutRecorder(TrainerCallback):
             return
         source = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}" / ROLLOUTS_DIR
         if not source.is_dir():
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"Training resumes at step {state.global_step}, but {source} does not exist, so "
                 "the rollouts recorded before that checkpoint cannot be restored. Resume from a "
                 f"checkpoint saved with a RolloutRecorder attached, in output_dir "
