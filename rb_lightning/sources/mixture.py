@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -62,12 +62,7 @@ from rb_lightning.validation import check_replay_buffer
 #: The per-item column holding the member's integer id (its position in ``names``).
 SOURCE_KEY = "source"
 
-__all__ = ["SOURCE_KEY", "BufferMixture", "FillMembers", "is_mixture"]
-
-
-def is_mixture(replay_buffer: Any) -> TypeGuard[BufferMixture]:
-    """Whether ``replay_buffer`` is a :class:`BufferMixture`."""
-    return isinstance(replay_buffer, BufferMixture)
+__all__ = ["SOURCE_KEY", "BufferMixture", "FillMembers"]
 
 
 def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
