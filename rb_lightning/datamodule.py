@@ -170,8 +170,8 @@ class ReplayBufferDataModule(LightningDataModule):
         # What can be checked before a Trainer exists; the handle is chosen in setup.
         resolve_buffer(self.replay_buffer).check_options(self.batch_size, self.loader_options)
         self._buffer: BufferHandle | None = None
-        # The training loader, its position (in checkpoints) and its device copies.
         self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
+        # The training loader, its position (in checkpoints) and its device copies.
         self._training = TrainingStream(
             torch.initial_seed(),
             self.loader_options,
