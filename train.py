@@ -3,7 +3,7 @@
 import gc
 
 # Light (imports nothing heavy): Ctrl-C during the imports below ends in one line, exit 130.
-from rb_lightning.startup import stop_at_once_on_ctrl_c
+from rb_lightning.runs.startup import stop_at_once_on_ctrl_c
 
 stop_at_once_on_ctrl_c()
 
@@ -13,7 +13,7 @@ stop_at_once_on_ctrl_c()
 # Nothing an import makes is garbage: collect nothing until the imports are done, then
 # freeze those objects out of every later collection.
 gc.disable()
-from rb_lightning.cli import main  # noqa: E402
+from rb_lightning.runs.cli import main  # noqa: E402
 
 gc.freeze()
 gc.enable()

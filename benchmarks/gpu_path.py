@@ -7,7 +7,7 @@ fed four ways:
 * (a) ``host``: host storage (``LazyTensorStorage(N)``), the plain loader; Lightning copies
   each pageable batch to the GPU in ``transfer_batch_to_device``.
 * (b) ``overlap``: host storage with ``prefetch_to_device=True``: batch n+1 is pinned and
-  copied on a side CUDA stream while step n runs (rb_lightning.device_prefetch).
+  copied on a side CUDA stream while step n runs (rb_lightning.stream.device_prefetch).
 * (c) ``gpu_storage``: ``LazyTensorStorage(N, device="cuda")``; sampled on the GPU, no copy.
 * (d) ``ceiling``: the same loop fed 16 batches already on the GPU, cycled (no sampling).
 

@@ -45,9 +45,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rb_lightning.cli import main as cli_main  # noqa: E402
 from rb_lightning.llm.data import arithmetic_examples, arithmetic_reward, make_tokenizer  # noqa: E402
 from rb_lightning.llm.grpo import GRPOModule  # noqa: E402
+from rb_lightning.runs.cli import main as cli_main  # noqa: E402
 
 QUIET = [
     "--trainer.enable_progress_bar=false",

@@ -45,7 +45,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
 from torchrl.modules.llm.trl_interop import TorchRLBufferDataset  # noqa: E402
 
 from rb_lightning import ReplayBufferPassDataset  # noqa: E402
-from rb_lightning.hf import to_hf_dataset  # noqa: E402
+from rb_lightning.hf.export import to_hf_dataset  # noqa: E402
 from rb_lightning.llm.data import arithmetic_examples  # noqa: E402
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)

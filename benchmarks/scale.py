@@ -94,7 +94,7 @@ def _seed_loop(rb: ReplayBuffer, batch_size: int) -> Callable[[], Any]:
 
 def rank_main(address: str, batch_size: int, seconds: float) -> None:
     """One 'rank' process: the DataModule's loader over the shared buffer."""
-    from rb_lightning.ray import RayReplayBufferView
+    from rb_lightning.distributed.ray import RayReplayBufferView
 
     view = RayReplayBufferView(BUFFER_NAME, address=address)
     rate = samples_per_s(_datamodule_loop(view, batch_size), batch_size, seconds)
@@ -129,7 +129,7 @@ def main() -> None:
 
     import ray
 
-    from rb_lightning.ray import RayReplayBufferView, named_actor_config
+    from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     address = ray.get_runtime_context().gcs_address

@@ -12,7 +12,10 @@ Paths, all timed in the same process run so that ratios are fair:
 5. ``trainer``: :class:`~rb_lightning.ReplayBufferDataModule` inside a real
    ``Trainer.fit`` with a one-parameter model, with and without
    ``ReplayBuffer(prefetch=...)``; compared with ``batch`` and with the same
-   model stepped by a hand-written loop (``plain_loop``).
+   model stepped by a hand-written loop (``plain_loop``), and with the same
+   Trainer fed one pre-sampled batch (``trainer_pre_sampled``: Lightning
+   alone; ``benchmarks/loop_overhead.py`` splits the difference into
+   rb_lightning's plumbing and the sampling itself).
 
 Each measurement runs for ``--min-seconds`` after one warm-up batch; every
 shape is measured ``--repeats`` times, paths interleaved, and a ratio is the
@@ -85,6 +88,7 @@ TRAINER_PATHS = (
     "trainer_prefetch",
     "trainer_gap",
     "trainer_gap_constant",
+    "trainer_pre_sampled",
 )
 RSS_PATHS = ("raw", "seed", "per_item", "batch", "trainer")
 PREFETCH = 4
@@ -463,6 +467,7 @@ def measure_trainer(shape: Shape, rb: ReplayBuffer, repeats: int, min_seconds: f
             "trainer": clock.rate,
             "trainer_gap": clock.gap_rate,
             "trainer_gap_constant": constant.gap_rate,
+            "trainer_pre_sampled": constant.rate,
             "trainer_prefetch": fit_steps(twin, shape.item, shape.batch_size, steps).rate,
         }
         for path, rate in rates.items():
@@ -631,8 +636,8 @@ def trainer_table(results: list[Result]) -> str:
         "| item / storage / sampler / B | batch loader steps/s | plain loop steps/s "
         "| Trainer steps/s | Trainer / batch | Trainer / plain loop "
         "| data path in Trainer / batch | Lightning's own gap per step "
-        "| Trainer+prefetch / Trainer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Trainer / pre-sampled Trainer | Trainer+prefetch / Trainer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         b = r.shape.batch_size
@@ -642,6 +647,7 @@ def trainer_table(results: list[Result]) -> str:
             f"| {r.ratio('trainer', 'batch'):.2f} | {r.ratio('trainer', 'plain_loop'):.2f} "
             f"| **{r.data_in_trainer_ratio():.2f}** "
             f"| {1e6 * b / r.median_rate('trainer_gap_constant'):.0f} us "
+            f"| {r.ratio('trainer', 'trainer_pre_sampled'):.2f} "
             f"| {r.ratio('trainer_prefetch', 'trainer'):.2f} |"
         )
     return "\n".join(lines)

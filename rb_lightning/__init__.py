@@ -14,46 +14,48 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.datamodule import ReplayBufferDataModule
-    from rb_lightning.dataset import (
+    from rb_lightning.errors import RBLightningError, UsageError
+    from rb_lightning.hf.export import to_hf_dataset
+    from rb_lightning.hf.load import from_hf_dataset
+    from rb_lightning.runs.progress import StepProgressBar
+    from rb_lightning.runs.report import RunReport
+    from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger
+    from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture, FillMembers
+    from rb_lightning.stream.datasets import (
         ReplayBufferBatchDataset,
         ReplayBufferDataset,
         ReplayBufferPassDataset,
-        batch_loader,
-        keep_batch,
     )
-    from rb_lightning.errors import UsageError
-    from rb_lightning.hf import from_hf_dataset, to_hf_dataset
-    from rb_lightning.mixture import SOURCE_KEY, BufferMixture, FillMembers
-    from rb_lightning.progress import StepProgressBar
-    from rb_lightning.report import RunReport
-    from rb_lightning.runs import FinalLastCheckpoint, RunLogger
-    from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
+    from rb_lightning.stream.loader import batch_loader, keep_batch
+    from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "BufferMixture": "rb_lightning.mixture",
-    "BufferStream": "rb_lightning.stream",
-    "FillMembers": "rb_lightning.mixture",
-    "SOURCE_KEY": "rb_lightning.mixture",
-    "FinalLastCheckpoint": "rb_lightning.runs",
-    "SAMPLER_INFO_KEYS": "rb_lightning.stream",
-    "ReplayBufferBatchDataset": "rb_lightning.dataset",
+    "BufferMixture": "rb_lightning.sources.mixture",
+    "BufferStream": "rb_lightning.stream.sampling",
+    "FillMembers": "rb_lightning.sources.mixture",
+    "SOURCE_KEY": "rb_lightning.sources.mixture",
+    "FinalLastCheckpoint": "rb_lightning.runs.run_files",
+    "SAMPLER_INFO_KEYS": "rb_lightning.stream.sampling",
+    "ReplayBufferBatchDataset": "rb_lightning.stream.datasets",
     "ReplayBufferDataModule": "rb_lightning.datamodule",
-    "ReplayBufferDataset": "rb_lightning.dataset",
-    "ReplayBufferPassDataset": "rb_lightning.dataset",
-    "RunLogger": "rb_lightning.runs",
-    "RunReport": "rb_lightning.report",
-    "StepProgressBar": "rb_lightning.progress",
+    "ReplayBufferDataset": "rb_lightning.stream.datasets",
+    "ReplayBufferPassDataset": "rb_lightning.stream.datasets",
+    "RunLogger": "rb_lightning.runs.run_files",
+    "RunReport": "rb_lightning.runs.report",
+    "StepProgressBar": "rb_lightning.runs.progress",
+    "RBLightningError": "rb_lightning.errors",
     "UsageError": "rb_lightning.errors",
-    "batch_loader": "rb_lightning.dataset",
-    "from_hf_dataset": "rb_lightning.hf",
-    "keep_batch": "rb_lightning.dataset",
-    "to_hf_dataset": "rb_lightning.hf",
+    "batch_loader": "rb_lightning.stream.loader",
+    "from_hf_dataset": "rb_lightning.hf.load",
+    "keep_batch": "rb_lightning.stream.loader",
+    "to_hf_dataset": "rb_lightning.hf.export",
 }
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "RunReport",
     "SAMPLER_INFO_KEYS",
     "SOURCE_KEY",
+    "RBLightningError",
     "StepProgressBar",
     "UsageError",
     "batch_loader",
@@ -80,14 +83,4 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rb_lightning' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

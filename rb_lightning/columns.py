@@ -17,8 +17,12 @@ from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, Ten
 from tensordict.utils import NestedKey
 
 from rb_lightning import torchrl_compat
+from rb_lightning.errors import ArgumentTypeError, UsageError
 
 KEY_SEPARATOR = "."
+#: Keys under which sampler info (storage index, importance weight) is attached to a
+#: batch; the same names ``TensorDictReplayBuffer`` uses.
+SAMPLER_INFO_KEYS = ("index", "priority_weight")
 
 
 def flat_name(key: NestedKey) -> str:
@@ -57,9 +61,10 @@ def leaf_keys(batch: Any) -> list[NestedKey]:
             else:
                 keys.append(name)
         return keys
-    raise TypeError(
+    raise ArgumentTypeError(
+        "replay_buffer",
         f"Sampled batches must be TensorDicts or mappings, got {type(batch).__name__}. "
-        "Store TensorDicts (or dicts of tensors) in the replay buffer."
+        "Store TensorDicts (or dicts of tensors) in the replay buffer.",
     )
 
 
@@ -77,10 +82,11 @@ def check_unique_names(keys: Iterable[NestedKey]) -> None:
     for key in keys:
         name = flat_name(key)
         if name in seen and seen[name] != key:
-            raise ValueError(
+            raise UsageError(
+                "keys",
                 f"Keys {seen[name]!r} and {key!r} both flatten to the name {name!r}; one would "
                 "silently overwrite the other. Rename one of them in the buffer, or pass "
-                "`keys=[...]` to select only one."
+                "`keys=[...]` to select only one.",
             )
         seen[name] = key
 
@@ -168,6 +174,7 @@ def rows(
 
 
 __all__ = [
+    "SAMPLER_INFO_KEYS",
     "KEY_SEPARATOR",
     "batch_length",
     "check_unique_names",

@@ -21,7 +21,9 @@ __all__ = [
     "BufferStateError",
     "ConfigError",
     "InvalidPriorityError",
+    "MissingKeyError",
     "NotEnoughDiskSpaceError",
+    "PathNotFoundError",
     "RBLightningError",
     "SampleTimeoutError",
     "SourceError",
@@ -73,6 +75,19 @@ class ArgumentTypeError(UsageError, TypeError):
     """
 
 
+class MissingKeyError(UsageError, KeyError):
+    """A key the call needs is not in the batch or the buffer (also a ``KeyError``).
+
+    Examples:
+        >>> err = MissingKeyError("keys", "The batch has no 'index' key. Keep it: keys=None.")
+        >>> isinstance(err, KeyError), str(err)  # the message, not KeyError's quoted repr
+        (True, "The batch has no 'index' key. Keep it: keys=None.")
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ConfigError(UsageError):
     """A config that cannot be parsed or instantiated, naming the key at fault.
 
@@ -91,6 +106,16 @@ class ConfigError(UsageError):
             key, f"config error at {key}: {message}" if key else f"config error: {message}"
         )
         self.key = key
+
+
+class PathNotFoundError(RBLightningError, FileNotFoundError):
+    """A path given as an argument does not exist or is not what it must be.
+
+    Examples:
+        >>> err = PathNotFoundError("no such directory: data/", argument="path")
+        >>> isinstance(err, FileNotFoundError), err.argument
+        (True, 'path')
+    """
 
 
 class BufferStateError(RBLightningError, RuntimeError):

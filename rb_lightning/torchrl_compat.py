@@ -39,6 +39,8 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages import Storage
 
+from rb_lightning.errors import PathNotFoundError
+
 __all__ = [
     "DUMPS_MARKER",
     "buffer_generator",
@@ -88,9 +90,9 @@ def dumps_length(path: str | os.PathLike[str]) -> int:
     """
     marker = Path(path) / DUMPS_MARKER
     if not marker.is_file():
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"{path} is not a directory written by ReplayBuffer.dumps() with a tensor storage "
-            f"(no {DUMPS_MARKER.as_posix()})."
+            f"(no {DUMPS_MARKER.as_posix()}). Point at the directory dumps wrote."
         )
     return int(json.loads(marker.read_text())["len"])
 

@@ -121,7 +121,7 @@ def test_val_buffer_is_read_once_in_order(tensor_rb):
 
 def test_no_val_loop_without_val_buffer(tensor_rb):
     dm = ReplayBufferDataModule(tensor_rb, batch_size=8)
-    assert not hasattr(dm, "_val_dataloader") or dm.val_dataloader != dm._val_dataloader
+    assert "val_dataloader" not in vars(dm)  # Lightning runs no validation loop
 
 
 def test_priority_updates_from_training_step():
@@ -211,11 +211,13 @@ def test_unbounded_stream_error_comes_at_setup(tensor_rb):
 def test_workers_make_a_tensor_storage_buffer_shared_and_say_so(caplog):
     rb = ReplayBuffer(storage=LazyTensorStorage(100))
     rb.extend(make_transitions(10))
-    with caplog.at_level("INFO", logger="rb_lightning.datamodule"):
-        ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=0)
+    with caplog.at_level("INFO", logger="rb_lightning.stream.handles"):
+        ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=0).setup("fit")
     assert not rb.shared and "rb.share()" not in caplog.text
 
-    with caplog.at_level("INFO", logger="rb_lightning.datamodule"):
-        ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=2)
+    with caplog.at_level("INFO", logger="rb_lightning.stream.handles"):
+        dm = ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=2)
+        assert not rb.shared  # building the DataModule changes nothing: setup does
+        dm.setup("fit")
     assert rb.shared
     assert "num_workers=2) called rb.share()" in caplog.text

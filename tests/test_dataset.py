@@ -85,7 +85,7 @@ def test_per_item_values_match_buffer_rows(tensor_rb):
 
 def test_missing_key_warned_once_and_skipped(tensor_rb, caplog):
     ds = ReplayBufferDataset(tensor_rb, 8, keys=["id", "nope"], num_batches=3)
-    with caplog.at_level(logging.WARNING, logger="rb_lightning.dataset"):
+    with caplog.at_level(logging.WARNING, logger="rb_lightning.stream.datasets"):
         items = list(ds)
     assert all(set(item) == {"id"} for item in items)
     assert sum("nope" in r.message for r in caplog.records) == 1

@@ -33,13 +33,13 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.device_prefetch import (
+from rb_lightning.errors import UsageError
+from rb_lightning.stream.device_prefetch import (
     CudaStreamCopy,
     DevicePrefetcher,
     SyncCopy,
     check_device_storage,
 )
-from rb_lightning.errors import UsageError
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

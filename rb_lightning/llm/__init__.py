@@ -11,8 +11,7 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rb_lightning.namespaces import lazy_names
 
 _HOMES = {
     "CausalLMModule": "rb_lightning.llm.module",
@@ -25,8 +24,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rb_lightning.llm' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -33,6 +33,8 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.errors import UsageError
+
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
@@ -108,9 +110,10 @@ def arithmetic_tensordict(
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         ids = [*p, *c, tokenizer.eos_token_id]
         if len(ids) > max_length:
-            raise ValueError(
+            raise UsageError(
+                "max_length",
                 f"Example {examples[i]!r} needs {len(ids)} tokens, more than "
-                f"max_length={max_length}. Raise max_length or lower max_operand."
+                f"max_length={max_length}. Raise max_length or lower max_operand.",
             )
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
@@ -203,9 +206,10 @@ def arithmetic_reward(
     elif "completion" in kwargs:
         answers = [int(c) for c in kwargs["completion"]]
     else:
-        raise ValueError(
+        raise UsageError(
+            "prompts",
             "arithmetic_reward needs the prompts (GRPOTrainer passes prompts=...) or a "
-            "'completion' column with the reference answers."
+            "'completion' column with the reference answers.",
         )
     rewards = []
     for completion, answer in zip(completions, answers, strict=True):

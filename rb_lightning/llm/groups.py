@@ -147,7 +147,7 @@ class GroupSampler(Sampler):
         """Positions of ``batch_size // group_size`` whole groups, and ``{}``."""
         self.check_batch_size(batch_size)
         if len(storage) == 0:
-            raise RuntimeError("Cannot sample from an empty storage.")
+            raise BufferStateError("Cannot sample from an empty storage.")
         positions, ids = self._eligible_groups(storage)
         wanted = batch_size // self.group_size
         if ids.numel() == 0:

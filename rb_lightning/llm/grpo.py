@@ -48,7 +48,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.errors import UsageError
+from rb_lightning.errors import BufferStateError, UsageError
 from rb_lightning.llm.data import arithmetic_reward, make_tokenizer, solve
 from rb_lightning.llm.generation import (
     completion_log_probs,
@@ -344,7 +344,10 @@ class GRPOModule(L.LightningModule):
     def training_step(self, dataloader_iter: Iterator[Any]) -> torch.Tensor:
         """Generate this step's groups into the buffer, then train on the batch sampled after."""
         if self._buffer is None or self._sampler is None:
-            raise RuntimeError("GRPOModule.setup('fit') did not run")
+            raise BufferStateError(
+                "GRPOModule has no buffer to write its groups to: train it with Trainer.fit and a "
+                "ReplayBufferDataModule, whose setup('fit') hands the buffer over."
+            )
         start = time.perf_counter()
         version = self.policy_version
         groups = self.generate_groups(version)

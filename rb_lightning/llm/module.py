@@ -36,6 +36,7 @@ import lightning as L
 import torch
 from tensordict import TensorDictBase
 
+from rb_lightning.errors import ArgumentTypeError, MissingKeyError
 from rb_lightning.llm.data import (
     IGNORE_INDEX,
 )
@@ -76,9 +77,10 @@ class CausalLMModule(L.LightningModule):
     ) -> None:
         super().__init__()
         if not isinstance(config, PretrainedConfig):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "config",
                 f"config must be a transformers PretrainedConfig (e.g. LlamaConfig(...)), got "
-                f"{type(config).__name__}."
+                f"{type(config).__name__}.",
             )
         self.save_hyperparameters()
         self.model = AutoModelForCausalLM.from_config(config)
@@ -92,9 +94,10 @@ class CausalLMModule(L.LightningModule):
     def _loss(self, batch: TensorDictBase) -> torch.Tensor:
         keys = set(batch.keys())
         if self.input_key not in keys:
-            raise KeyError(
+            raise MissingKeyError(
+                "input_key",
                 f"CausalLMModule: the batch has no {self.input_key!r} key (it has "
-                f"{sorted(map(str, keys))}). Set input_key=, or fill the buffer with token ids."
+                f"{sorted(map(str, keys))}). Set input_key=, or fill the buffer with token ids.",
             )
         input_ids = batch[self.input_key]
         mask = batch[self.attention_mask_key] if self.attention_mask_key in keys else None

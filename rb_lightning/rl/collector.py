@@ -18,8 +18,10 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
-from rb_lightning.errors import UsageError
-from rb_lightning.mixture import BufferMixture
+from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.rl.envs import make_gym_env
+from rb_lightning.stream.handles import resolve_buffer
+from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -29,32 +31,6 @@ from rb_lightning.validation import (
 
 EPISODE_RETURN_KEY = "episode_reward"
 WARM_UP_CHUNK = 1_000
-
-
-def make_gym_env(env_name: str, num_envs: int = 1, **kwargs: Any) -> EnvBase:
-    """A gymnasium environment through torchrl's ``GymEnv`` (imports gymnasium lazily).
-
-    ``num_envs > 1`` steps that many copies in one call, in this process (gymnasium's
-    ``SyncVectorEnv``): for cheap environments such as CartPole the cost of a frame is
-    torchrl's per-call bookkeeping, which a batch of environments shares. torchrl's own
-    ``GymEnv(num_envs=k)`` runs them in ``k`` subprocesses, whose pipe round trip per
-    step costs more than CartPole itself on a few cores.
-    """
-    from torchrl.envs import GymEnv, GymWrapper
-
-    if num_envs == 1:
-        return GymEnv(env_name, **kwargs)
-    import gymnasium
-
-    wrapper_keys = {"categorical_action_encoding", "device", "batch_size", "allow_done_after_reset"}
-    wrapper_kwargs = {k: v for k, v in kwargs.items() if k in wrapper_keys}
-    make_kwargs = {k: v for k, v in kwargs.items() if k not in wrapper_keys}
-    vector_env = gymnasium.vector.SyncVectorEnv(
-        [lambda: gymnasium.make(env_name, **make_kwargs)] * num_envs,
-        # torchrl reads the final observation of an episode in the same step as the reset.
-        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
-    )
-    return GymWrapper(vector_env, **wrapper_kwargs)
 
 
 class OnlineCollector(Callback):
@@ -163,19 +139,23 @@ class OnlineCollector(Callback):
     ) -> None:
         super().__init__()
         if not isinstance(env, (str, EnvBase)):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "env",
                 f"env must be a gymnasium id such as 'CartPole-v1' or a torchrl EnvBase, got "
-                f"{type(env).__name__}."
+                f"{type(env).__name__}.",
             )
         if env_kwargs and not isinstance(env, str):
-            raise ValueError("env_kwargs only applies when env is a gymnasium id (a string).")
+            raise UsageError(
+                "env_kwargs", "env_kwargs only applies when env is a gymnasium id (a string)."
+            )
         self.env = env
         self.env_kwargs = dict(env_kwargs or {})
         self.num_envs = check_positive_int(num_envs, "num_envs")
         if num_envs > 1 and not isinstance(env, str):
-            raise ValueError(
+            raise UsageError(
+                "num_envs",
                 "num_envs applies when env is a gymnasium id (a string); batch a torchrl env "
-                "yourself (e.g. torchrl.envs.SerialEnv) and pass it with num_envs=1."
+                "yourself (e.g. torchrl.envs.SerialEnv) and pass it with num_envs=1.",
             )
         self.init_random_frames = check_non_negative_int(init_random_frames, "init_random_frames")
         self.frames_per_step = check_positive_int(frames_per_step, "frames_per_step")
@@ -201,6 +181,7 @@ class OnlineCollector(Callback):
         self._copies_policy = False
         self._clock: tuple[float, int] | None = None
         self._episodes_logged = 0
+        self._rate_limiter: SamplesPerInsert | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def make_env(self, num_envs: int | None = None) -> EnvBase:
@@ -221,40 +202,18 @@ class OnlineCollector(Callback):
         return env
 
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
-        buffer = self._target_buffer(trainer)
-        if isinstance(buffer, BufferMixture):
-            if self.member is None:
-                raise UsageError(
-                    "member",
-                    f"OnlineCollector writes to one buffer, and the replay buffer is a "
-                    f"BufferMixture of {buffer.names}. Name the member to fill: "
-                    f"OnlineCollector(member={buffer.names[-1]!r}) (in a config: "
-                    f"init_args.member: {buffer.names[-1]}).",
-                )
-            if self.member not in buffer.names:
-                raise UsageError(
-                    "member",
-                    f"OnlineCollector(member={self.member!r}): the mixture has no such member; "
-                    f"its members are {buffer.names}.",
-                )
-            return buffer.member(self.member)
-        if self.member is not None:
-            raise UsageError(
-                "member",
-                f"OnlineCollector(member={self.member!r}) names a member of a BufferMixture, but "
-                f"the replay buffer is a {type(buffer).__name__}. Drop member, or train with a "
-                "BufferMixture.",
-            )
-        return buffer
+        # The buffer's handle says where a collector writes (a mixture: the named member).
+        return resolve_buffer(self._target_buffer(trainer)).writer(self.member)
 
     def _target_buffer(self, trainer: Trainer) -> ReplayBuffer:
         if self.replay_buffer is not None:
             return self.replay_buffer
         buffer = getattr(trainer.datamodule, "replay_buffer", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if not isinstance(buffer, ReplayBuffer):
-            raise ValueError(
+            raise UsageError(
+                "replay_buffer",
                 "OnlineCollector has no replay buffer to fill: pass replay_buffer=... or train "
-                "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule)."
+                "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule).",
             )
         return buffer
 
@@ -262,16 +221,18 @@ class OnlineCollector(Callback):
     def _resolve_policy(pl_module: LightningModule) -> TensorDictModuleBase:
         make_policy: Callable[[], Any] | None = getattr(pl_module, "collection_policy", None)
         if not callable(make_policy):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "model",
                 f"OnlineCollector needs {type(pl_module).__name__}.collection_policy(): a method "
                 "returning the acting TensorDictModule (with exploration) that shares the "
-                "module's weights. See rb_lightning.rl.DQN for an example."
+                "module's weights. See rb_lightning.rl.DQN for an example.",
             )
         policy = make_policy()
         if not isinstance(policy, TensorDictModuleBase):
-            raise TypeError(
+            raise ArgumentTypeError(
+                "model",
                 "collection_policy() must return a tensordict.nn.TensorDictModuleBase, got "
-                f"{type(policy).__name__}."
+                f"{type(policy).__name__}.",
             )
         return policy
 
@@ -284,16 +245,18 @@ class OnlineCollector(Callback):
         for key in env.action_keys:
             action = out.get(key, None)
             if action is None:
-                raise ValueError(
-                    f"collection_policy() did not write the environment's action key {key!r}."
+                raise UsageError(
+                    "model",
+                    f"collection_policy() did not write the environment's action key {key!r}.",
                 )
             if not env.full_action_spec[key].is_in(action.to(env.device)):
-                raise ValueError(
+                raise UsageError(
+                    "model",
                     f"collection_policy() wrote {key!r} with shape {tuple(action.shape)} and "
                     f"dtype {action.dtype}, outside the environment's action spec "
                     f"{env.full_action_spec[key]}. For a discrete gymnasium env with an "
                     "integer-action policy pass env_kwargs={'categorical_action_encoding': True}; "
-                    "check the module's observation/action sizes."
+                    "check the module's observation/action sizes.",
                 )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -303,16 +266,23 @@ class OnlineCollector(Callback):
         self._resolve_buffer(trainer)
         workers = getattr(trainer.datamodule, "num_workers", 0)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if self.replay_buffer is None and workers:
-            raise ValueError(
+            raise UsageError(
+                "num_workers",
                 f"OnlineCollector writes into the buffer in the training process, but the "
                 f"DataModule samples it in num_workers={workers} worker processes that hold "
                 "their own copy and would never see a collected frame. Use num_workers=0 "
-                "(sampling in-process is fast)."
+                "(sampling in-process is fast).",
             )
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Build the collector and run the warm-up (the first batch is drawn after this)."""
+        """Build the collector and run the warm-up (the first batch is drawn after this).
+
+        With the DataModule's ``rate_limiter``, the limiter asks for frames when the
+        trainer would otherwise wait, and counts every insert (warm-up included).
+        """
         self._buffer = self._resolve_buffer(trainer)
+        limiter = getattr(trainer.datamodule, "rate_limiter", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        self._rate_limiter = limiter if isinstance(limiter, SamplesPerInsert) else None
         env = self.make_env()
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         env.set_seed(seed)
@@ -320,13 +290,20 @@ class OnlineCollector(Callback):
         self._multi_step = self._make_multi_step(pl_module)
         self._check_policy_fits_env(self._policy, env)
         self._warm_up(env, pl_module)
-        self.collector = self._make_collector(env, pl_module, self.frames_per_step)
+        frames_per_call = self.frames_per_step
+        if self._rate_limiter is not None:  # a batch's worth at a time, when asked
+            batch_size = int(getattr(trainer.datamodule, "batch_size", 1))  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+            frames_per_call = self._rate_limiter.inserts_per_batch(batch_size, self.num_envs)
+        self.collector = self._make_collector(env, pl_module, frames_per_call)
         self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
         self._iterator = iter(self.collector)
+        if self._rate_limiter is not None:
+            self._rate_limiter.insert_on_demand(self._collect_on_demand)
         if len(self._buffer) == 0:
-            raise ValueError(
+            raise UsageError(
+                "init_random_frames",
                 "The replay buffer is still empty when training starts: set "
-                "init_random_frames >= 1 or fill the buffer before fit."
+                "init_random_frames >= 1 or fill the buffer before fit.",
             )
         self._clock = (time.perf_counter(), 0)
 
@@ -335,9 +312,10 @@ class OnlineCollector(Callback):
             return None
         gamma = self.gamma if self.gamma is not None else pl_module.hparams.get("gamma")
         if gamma is None:
-            raise ValueError(
+            raise UsageError(
+                "gamma",
                 f"OnlineCollector(n_steps={self.n_steps}) discounts n-step rewards, but neither "
-                f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=..."
+                f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=...",
             )
         return MultiStep(gamma=float(gamma), n_steps=self.n_steps)
 
@@ -374,7 +352,16 @@ class OnlineCollector(Callback):
 
     # -- collection -------------------------------------------------------------------------
     def _collect(self) -> None:
+        if self._copies_policy:
+            assert self.collector is not None and self._policy is not None
+            self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
         self._store(next(self._iterator))
+
+    def _collect_on_demand(self) -> int:
+        """Called by the rate limiter when the trainer needs frames: one collector call."""
+        before = self.frames
+        self._collect()
+        return self.frames - before
 
     def _store(self, frames: TensorDictBase) -> None:
         flat = frames.reshape(-1)
@@ -395,6 +382,8 @@ class OnlineCollector(Callback):
             frames = frames.exclude(*self.exclude_keys)
         self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"
         self.frames += frames.numel()
+        if self._rate_limiter is not None:
+            self._rate_limiter.record_insert(frames.numel())
 
     def _check_stored_keys(self, frames: TensorDictBase) -> None:
         # "steps_to_next_obs" exists with n_steps > 1 only; a config may list it either way.
@@ -402,10 +391,11 @@ class OnlineCollector(Callback):
         optional = {"steps_to_next_obs"} if self.n_steps == 1 else set()
         missing = [k for k in self.keys or [] if k not in present and k not in optional]
         if missing:
-            raise ValueError(
+            raise UsageError(
+                "keys",
                 f"OnlineCollector(keys=...): {missing} are not in the collected frames, which "
                 f"have {sorted(present, key=str)}. Fix the names (nested keys are lists in YAML, "
-                "[next, reward]) or pass keys=None to store every key."
+                "[next, reward]) or pass keys=None to store every key.",
             )
 
     def on_train_batch_end(
@@ -420,10 +410,8 @@ class OnlineCollector(Callback):
         if self.collector is None:
             return
         # The optimizer-step count, not a batch counter of this process: a resumed run
-        # keeps the collection phase of the run it continues.
-        if trainer.global_step % self.every_n_steps == 0:
-            if self._copies_policy:
-                self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
+        # keeps the collection phase of the run it continues. A rate limiter asks instead.
+        if self._rate_limiter is None and trainer.global_step % self.every_n_steps == 0:
             self._collect()
         self._log(trainer, pl_module, batch)
 
@@ -450,9 +438,17 @@ class OnlineCollector(Callback):
             log("buffer_size", float(len(self._buffer)))
             log("frames", float(self.frames))
             self._clock = (now, step)
+            if self._rate_limiter is not None:
+                limiter = self._rate_limiter
+                log("replay/inserted", float(limiter.inserted))
+                log("replay/sampled", float(limiter.sampled))
+                log("replay/samples_per_insert", limiter.samples_per_insert_observed())
+                log("replay/trainer_wait_s", limiter.trainer_wait_s)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Close the environment (also after an exception)."""
+        if self._rate_limiter is not None:
+            self._rate_limiter.insert_on_demand(None)
         if self.collector is not None:
             self.collector.shutdown()
             self.collector = None
@@ -493,8 +489,4 @@ def _batch_length(batch: Any) -> int:
     return 1
 
 
-__all__ = [
-    "EPISODE_RETURN_KEY",
-    "OnlineCollector",
-    "make_gym_env",
-]
+__all__ = ["EPISODE_RETURN_KEY", "OnlineCollector"]

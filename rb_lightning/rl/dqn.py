@@ -14,6 +14,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.data import Categorical
 from torchrl.modules import MLP, EGreedyModule, QValueModule
 
+from rb_lightning.errors import UsageError
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 from rb_lightning.validation import check_positive_int
 
@@ -98,17 +99,21 @@ class DQN(EvaluatesEpisodes, LightningModule):
         check_positive_int(target_update_interval, "target_update_interval")
         check_positive_int(eps_decay_steps, "eps_decay_steps")
         if activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}."
+            raise UsageError(
+                "activation",
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}.",
             )
         if td_loss not in _TD_LOSSES:
-            raise ValueError(f"td_loss must be one of {sorted(_TD_LOSSES)}, got {td_loss!r}.")
+            raise UsageError(
+                "td_loss", f"td_loss must be one of {sorted(_TD_LOSSES)}, got {td_loss!r}."
+            )
         if not 0.0 < tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
+            raise UsageError("tau", f"tau must be in (0, 1], got {tau!r}.")
         if not 0.0 <= eps_end <= eps_start <= 1.0:
-            raise ValueError(
+            raise UsageError(
+                "eps_end",
                 f"Need 0 <= eps_end <= eps_start <= 1, got eps_start={eps_start}, "
-                f"eps_end={eps_end}."
+                f"eps_end={eps_end}.",
             )
         # The evaluation settings are an object, not a hyperparameter: checkpoints stay
         # plain data (loadable with weights_only=True).

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from rb_lightning.errors import UsageError
 from rb_lightning.validation import check_non_negative_int, check_positive_int
 
 __all__ = ["EvaluatesEpisodes", "Evaluation"]
@@ -79,7 +80,9 @@ class Evaluation:
         self.num_episodes = check_positive_int(num_episodes, "num_episodes")
         self.seed = check_non_negative_int(seed, "seed")
         if env_kwargs and env is None:
-            raise ValueError("Evaluation(env_kwargs=...) needs env=<gymnasium id> too.")
+            raise UsageError(
+                "env_kwargs", "Evaluation(env_kwargs=...) needs env=<gymnasium id> too."
+            )
         self.env, self.env_kwargs = env, dict(env_kwargs or {})
         self.max_steps = check_positive_int(max_steps, "max_steps")
         self.during_fit = bool(during_fit)
@@ -110,7 +113,7 @@ class Evaluation:
     def _environment(self, module: LightningModule) -> EnvBase:
         if self._env is None:
             if self.env is not None:
-                from rb_lightning.rl.collector import make_gym_env
+                from rb_lightning.rl.envs import make_gym_env
 
                 self._env = make_gym_env(self.env, **self.env_kwargs)
             else:
@@ -130,10 +133,11 @@ def _collector_env(module: LightningModule) -> EnvBase:
     callbacks = module.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
     collectors = [cb for cb in callbacks if isinstance(cb, OnlineCollector)]
     if not collectors:
-        raise ValueError(
+        raise UsageError(
+            "evaluation",
             f"{type(module).__name__} evaluates its policy in an environment, but none is "
             "known: the Trainer has no rb_lightning.rl.OnlineCollector callback to borrow it "
-            "from. Give the module evaluation=Evaluation(env='<gymnasium id>')."
+            "from. Give the module evaluation=Evaluation(env='<gymnasium id>').",
         )
     return collectors[0].make_env(num_envs=1)
 

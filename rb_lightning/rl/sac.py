@@ -15,6 +15,7 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
 
+from rb_lightning.errors import UsageError
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
 from rb_lightning.validation import check_positive_int
 
@@ -85,11 +86,13 @@ class SAC(EvaluatesEpisodes, LightningModule):
         check_positive_int(observation_size, "observation_size")
         check_positive_int(action_size, "action_size")
         if not action_low < action_high:
-            raise ValueError(f"Need action_low < action_high, got {action_low}, {action_high}.")
+            raise UsageError(
+                "action_low", f"Need action_low < action_high, got {action_low}, {action_high}."
+            )
         if not 0.0 < tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
+            raise UsageError("tau", f"tau must be in (0, 1], got {tau!r}.")
         if init_alpha <= 0:
-            raise ValueError(f"init_alpha must be positive, got {init_alpha!r}.")
+            raise UsageError("init_alpha", f"init_alpha must be positive, got {init_alpha!r}.")
         # The evaluation settings are an object, not a hyperparameter: checkpoints stay
         # plain data (loadable with weights_only=True).
         self.save_hyperparameters(ignore=["evaluation"])

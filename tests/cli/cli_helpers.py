@@ -9,7 +9,7 @@ from unittest import mock
 
 import yaml
 
-from rb_lightning.cli import ReplayBufferCLI, main
+from rb_lightning.runs.cli import ReplayBufferCLI, main
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET_TRAINER = [
@@ -54,7 +54,7 @@ def tensor_dict_buffer(max_size: int = 50) -> dict[str, Any]:
 
 
 def run_cli(args: list[str], root: Path) -> ReplayBufferCLI:
-    """Run ``rb_lightning.cli.main(args)`` quietly, writing run files under ``root``."""
+    """Run ``rb_lightning.runs.cli.main(args)`` quietly, writing run files under ``root``."""
     subcommand, rest = args[0], args[1:]
     extra = [f"--trainer.default_root_dir={root}", *QUIET_TRAINER]
     with mock.patch.object(sys, "argv", ["train.py"]):  # not pytest's own arguments

@@ -126,7 +126,7 @@ def test_offline_config_without_its_buffer_names_the_command_that_makes_it(
     tmp_path, capsys, monkeypatch
 ):
     # train.py's own entry point, in this process (a subprocess would add ~10 s of imports).
-    from rb_lightning.cli import main
+    from rb_lightning.runs.cli import main
 
     monkeypatch.chdir(tmp_path)  # no runs/offline_buffer here
     with pytest.raises(SystemExit) as stop:

@@ -60,9 +60,8 @@ CASES = {
     "constructor rejects value": (
         toy_config(_buffer(), batch_size=0),
         [
-            "at data:",
-            "ReplayBufferDataModule(...) raised ValueError",
-            "batch_size must be a positive",
+            "at data.init_args.batch_size:",
+            "batch_size must be a positive integer, got 0.",
         ],
     ),
     "nested constructor rejects value": (

@@ -17,7 +17,7 @@ from cli_helpers import REPO
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.cli import main
+from rb_lightning.runs.cli import main
 
 LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
 
@@ -85,9 +85,9 @@ def test_ray_config_without_a_cluster(tmp_path, capsys):
 
 
 def _export(args: list[str]) -> subprocess.CompletedProcess:
-    # The console script runs rb_lightning.export_hf:main, as `python -m rb_lightning.export_hf` does.
+    # The console script runs rb_lightning.hf.cli:main, as `python -m rb_lightning.hf.cli` does.
     return subprocess.run(
-        [sys.executable, "-m", "rb_lightning.export_hf", *args],
+        [sys.executable, "-m", "rb_lightning.hf.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},

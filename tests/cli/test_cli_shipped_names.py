@@ -16,8 +16,8 @@ from unittest import mock
 import pytest
 from cli_helpers import REPO
 
-from rb_lightning import shipped_configs
-from rb_lightning.cli import main
+from rb_lightning.runs import shipped_configs
+from rb_lightning.runs.cli import main
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "rb-lightning"
 SHIPPED = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))

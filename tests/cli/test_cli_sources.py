@@ -10,7 +10,12 @@ from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.sources import CallSource, LoadDirectory, SourceError, resolve_callable
+from rb_lightning.sources.buffer_sources import (
+    CallSource,
+    LoadDirectory,
+    SourceError,
+    resolve_callable,
+)
 
 
 def _saved(tmp_path, capacity=32, n=10, strings=False):

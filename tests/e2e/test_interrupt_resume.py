@@ -147,7 +147,10 @@ def test_ctrl_c_before_the_first_step_leaves_no_run_directory(tmp_path):
     out = _wait(run, log)
     assert run.returncode == 130, out
     assert "Traceback" not in out and "Detected KeyboardInterrupt" not in out
-    assert f"fit stopped by Ctrl-C before its first step: nothing to resume (removed {Path('runs/cartpole_dqn/version_0')})" in out
+    assert (
+        f"fit stopped by Ctrl-C before its first step: nothing to resume (removed {Path('runs/cartpole_dqn/version_0')})"
+        in out
+    )
     assert not run_dir.exists()
 
 
@@ -167,7 +170,10 @@ def test_ctrl_c_writes_a_checkpoint_of_its_step_and_the_printed_command_resumes_
     step = _step(last)
     assert 100 <= step < 1000
     assert f"fit stopped at step {step:,} after" in out and "interrupted (Ctrl-C)" in out
-    assert f"checkpoint  {Path('runs/cartpole_dqn/version_0/checkpoints/last.ckpt')} (step {step:,})" in out
+    assert (
+        f"checkpoint  {Path('runs/cartpole_dqn/version_0/checkpoints/last.ckpt')} (step {step:,})"
+        in out
+    )
     hint = [line for line in out.splitlines() if line.strip().startswith("resume")]
     assert hint and hint[0].split(None, 1)[1].endswith("--ckpt_path last"), out
 
@@ -176,7 +182,9 @@ def test_ctrl_c_writes_a_checkpoint_of_its_step_and_the_printed_command_resumes_
     resumed = _train([*command, f"--trainer.max_steps={step + 150}"], tmp_path)
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
-    assert f"fit: resuming {Path('runs/cartpole_dqn/version_0')} from step {step:,} (last.ckpt)" in out
+    assert (
+        f"fit: resuming {Path('runs/cartpole_dqn/version_0')} from step {step:,} (last.ckpt)" in out
+    )
     assert f"fit stopped at step {step + 150:,}" in out
     assert not (tmp_path / "runs" / "cartpole_dqn" / "version_1").exists()
     _assert_one_history(_rows(run_dir / "metrics.csv"))
@@ -202,11 +210,16 @@ def test_ckpt_path_last_never_writes_into_an_older_finished_run(tmp_path):
     message = [line for line in again.stderr.splitlines() if line.startswith("error:")]
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
     assert "Traceback (most recent call last)" not in again.stderr and len(message) == 1
-    assert "error: config error at ckpt_path: 'last' continues the run you started last" in message[0]
+    assert (
+        "error: config error at ckpt_path: 'last' continues the run you started last" in message[0]
+    )
     assert f"{Path('runs/llm_sft/version_1')}, but it has no checkpoint" in message[0]
     assert f"{old_checkpoint.relative_to(tmp_path)} (finished at max_steps, step 20)" in message[0]
     assert "leave out --ckpt_path" in message[0]
-    assert before == (old_checkpoint.stat().st_mtime_ns, (runs / "version_0" / "metrics.csv").read_text())
+    assert before == (
+        old_checkpoint.stat().st_mtime_ns,
+        (runs / "version_0" / "metrics.csv").read_text(),
+    )
 
     # Naming the finished run continues it, with a larger max_steps: it ended at max_steps.
     named = ["fit", "--config", LLM_SFT, "--ckpt_path", str(old_checkpoint), *short]
@@ -238,7 +251,15 @@ def test_extending_or_interrupting_an_llm_run_logs_what_the_straight_run_logs(tm
     # version_1: ended at max_steps=50, then extended to 100.
     first = _train(["fit", "--config", LLM_SFT, "--trainer.max_steps=50", *cadence], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    to_100 = ["fit", "--config", LLM_SFT, "--trainer.max_steps=100", "--ckpt_path", "last", *cadence]
+    to_100 = [
+        "fit",
+        "--config",
+        LLM_SFT,
+        "--trainer.max_steps=100",
+        "--ckpt_path",
+        "last",
+        *cadence,
+    ]
     extended = _train(to_100, tmp_path)
     assert extended.returncode == 0, extended.stderr[-3000:]
     assert (
@@ -293,7 +314,11 @@ def test_extending_and_killing_the_main_job_keep_the_straight_runs_rows(tmp_path
     )
     killed = _start(
         [
-            "fit", "--config", saves_at_400_and_800, "--ckpt_path", "last",
+            "fit",
+            "--config",
+            saves_at_400_and_800,
+            "--ckpt_path",
+            "last",
             "--trainer.max_steps=100000",
             "--trainer.logger.init_args.flush_logs_every_n_steps=10",
             *QUIET,
@@ -319,7 +344,9 @@ def test_extending_and_killing_the_main_job_keep_the_straight_runs_rows(tmp_path
     # do not, and the killed process's rows after step 400 are gone.
     assert _shape(a) == _shape(b)
     _assert_one_history(b)
-    assert [r for r in b if int(r["step"]) >= 400] != [r for r in dead_rows if int(r["step"]) >= 400]
+    assert [r for r in b if int(r["step"]) >= 400] != [
+        r for r in dead_rows if int(r["step"]) >= 400
+    ]
 
 
 def _safe_step(path: Path) -> int:

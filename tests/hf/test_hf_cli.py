@@ -33,9 +33,9 @@ from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError, dump_buffer, load_buffer
-from rb_lightning.export_hf import main
+from rb_lightning.checkpoint.saved import open_saved_buffer
+from rb_lightning.hf.cli import main
 from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
-from rb_lightning.saved import open_saved_buffer
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.hf
@@ -203,7 +203,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
 
     # In Python, the dump reader says what a .ckpt is and what reads it.
     with pytest.raises(BufferCheckpointError, match=r"is a file.*checkpoint\.load_buffer"):
-        from rb_lightning.buffer_format import load_buffer as load_dump
+        from rb_lightning.checkpoint import load_dump
 
         load_dump(TensorDictReplayBuffer(storage=LazyTensorStorage(16)), checkpoint)
 
@@ -211,7 +211,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
 def test_help_comes_without_torch_and_shows_the_checkpoint_case_first():
     # The console script's own entry point, as pip installs it from pyproject.toml.
     module, function = entry_point("rb-lightning-export-hf")
-    assert (module, function) == ("rb_lightning.export_hf", "main")
+    assert (module, function) == ("rb_lightning.hf.cli", "main")
     probe = (
         "import sys\n"
         f"from {module} import {function}\n"

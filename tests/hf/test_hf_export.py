@@ -212,7 +212,7 @@ def test_importing_the_library_and_its_hf_helpers_does_not_import_hf_packages():
     code = (
         "import sys, rb_lightning, rb_lightning.hf, rb_lightning.llm.data; "
         "from rb_lightning import from_hf_dataset, to_hf_dataset; "
-        "import rb_lightning.checkpoint, rb_lightning.trl_rollouts; "
+        "import rb_lightning.checkpoint, rb_lightning.hf.trl_rollouts; "
         "print(sorted(m for m in ('datasets', 'trl', 'pyarrow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

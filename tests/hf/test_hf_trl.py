@@ -8,7 +8,7 @@ from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataset
-from rb_lightning.hf import to_hf_dataset
+from rb_lightning.hf.export import to_hf_dataset
 from rb_lightning.llm.data import (
     IGNORE_INDEX,
     arithmetic_examples,

@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 import trl_ranks_worker as worker  # noqa: E402
 
 from rb_lightning.checkpoint import dump_buffer, load_buffer  # noqa: E402
-from rb_lightning.hf import to_hf_dataset  # noqa: E402
+from rb_lightning.hf.export import to_hf_dataset  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
@@ -133,12 +133,3 @@ def test_sft_on_two_processes_takes_disjoint_slices_of_one_stream(tmp_path):
     # Each process took its own positions of each global batch (the content may repeat:
     # the buffer samples with replacement).
     assert len(matching) == 1, (seen, passes)
-
-
-def test_grpo_on_two_processes_refuses_a_per_rank_stream(tmp_path):
-    result, logs = launch("grpo", "per_rank", tmp_path)
-    assert result.returncode != 0
-    message = "to_hf_dataset(..., ranks='per_rank') gives each of the 2 processes"
-    assert message in result.stderr
-    assert "ranks='identical'" in result.stderr and "GRPOTrainer" in result.stderr
-    assert all(steps(log) == [] for log in logs)  # refused before any group was scored

@@ -9,14 +9,14 @@ import torch
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.hf import to_hf_dataset
+from rb_lightning.hf.export import to_hf_dataset
 from rb_lightning.llm.data import arithmetic_reward, fill_arithmetic_buffer, make_tokenizer
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
 from tiny_llm import tiny_model  # noqa: E402
 
-from rb_lightning.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: E402
+from rb_lightning.hf.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: E402
 
 pytestmark = pytest.mark.hf
 

@@ -23,7 +23,7 @@ from tiny_llm import tiny_model
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning.checkpoint import load_buffer
-from rb_lightning.hf import to_hf_dataset
+from rb_lightning.hf.export import to_hf_dataset
 from rb_lightning.llm.data import (
     arithmetic_examples,
     arithmetic_reward,

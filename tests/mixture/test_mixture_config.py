@@ -58,7 +58,7 @@ def test_offline_to_online_config_runs_from_a_small_demo_dump(tmp_path):
 
 def test_missing_offline_directory_names_the_argument_and_the_script(tmp_path, capsys, monkeypatch):
     # train.py's own entry point, in this process (a subprocess would add ~10 s of imports).
-    from rb_lightning.cli import main
+    from rb_lightning.runs.cli import main
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stop:
@@ -120,7 +120,7 @@ def test_collector_writes_to_its_member_and_leaves_the_others(tmp_path):
 
 
 def test_workers_with_the_mixture_config_end_in_one_paragraph(tmp_path, capsys, monkeypatch):
-    from rb_lightning.cli import main
+    from rb_lightning.runs.cli import main
 
     demos = member(False, capacity=10_000)
     demos.extend(items(4, 0))

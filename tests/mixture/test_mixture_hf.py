@@ -6,7 +6,7 @@ import pytest
 from mixture_helpers import ONLINE_ID0, make_mixture
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.hf import to_hf_dataset
+from rb_lightning.hf.export import to_hf_dataset
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.hf

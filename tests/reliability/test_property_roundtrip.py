@@ -79,7 +79,7 @@ def test_nested_schemas_round_trip_every_path(spec, n, seed):
             assert_same(batch[name][j], value, name)
 
     pytest.importorskip("datasets")
-    from rb_lightning.hf import to_hf_dataset
+    from rb_lightning.hf.export import to_hf_dataset
 
     snapshot = to_hf_dataset(rb, streaming=False)
     assert set(snapshot.column_names) == names_expected

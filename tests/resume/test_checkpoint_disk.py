@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import quiet_trainer
 
-import rb_lightning.buffer_format as checkpoint_module
+import rb_lightning.checkpoint.files as checkpoint_files
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import (
     BufferDumpRequest,
@@ -136,7 +136,7 @@ def test_nearly_full_disk_by_free_space_probe(tmp_path, monkeypatch):
     disk = tmp_path / "disk"
     disk.mkdir()
     monkeypatch.setattr(
-        checkpoint_module, "free_disk_bytes", lambda path: DISK_BYTES - _used_bytes(disk)
+        checkpoint_files, "free_disk_bytes", lambda path: DISK_BYTES - _used_bytes(disk)
     )
     _nearly_full_disk_scenario(disk, tmp_path / "work")
 
@@ -144,7 +144,7 @@ def test_nearly_full_disk_by_free_space_probe(tmp_path, monkeypatch):
 def test_inline_dump_checks_the_temporary_directory(monkeypatch):
     rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
     rb.extend(_items(500, 0))
-    monkeypatch.setattr(checkpoint_module, "free_disk_bytes", lambda path: 1_000)
+    monkeypatch.setattr(checkpoint_files, "free_disk_bytes", lambda path: 1_000)
     with pytest.raises(NotEnoughDiskSpaceError, match="TMPDIR") as caught:
         buffer_state(rb)
     assert "checkpoint_inline_max_bytes" in str(caught.value)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
-import zlib
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,6 @@ def _reseal(root: Path) -> None:
         if p.is_file() and p.name != "manifest.json"
     }
     manifest["files"] = files
-    manifest["crc32"] = {name: zlib.crc32((root / name).read_bytes()) for name in files}
     manifest["xxh3_64"] = {
         name: xxhash.xxh3_64_hexdigest((root / name).read_bytes()) for name in files
     }
@@ -102,13 +100,14 @@ def test_wrapped_buffer_dump_with_a_pickle_sidecar_is_refused(tmp_path):
     assert not marker.exists()
 
 
-def test_legacy_pickled_files_are_read_without_running_code(tmp_path):
+def test_actor_dump_prefetch_pickle_is_checked_without_running_code(tmp_path):
+    # torchrl's own dumps layout, as a Ray buffer's actor writes it: a prefetch.pkl beside
+    # the storage, read here when a Ray run's buffer is exported.
     marker = tmp_path / "code-ran"
     rb = make_buffer(capacity=50)
     rb.extend(items(20, 100))
-    dump_buffer(rb, tmp_path / "torchrl")
-    # torchrl's own dumps layout (older rb_lightning): a prefetch.pkl beside the storage.
     root = tmp_path / "torchrl"
+    dump_buffer(rb, root)
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["kind"] = "torchrl_dumps"
     (root / "manifest.json").write_text(json.dumps(manifest))
@@ -121,17 +120,6 @@ def test_legacy_pickled_files_are_read_without_running_code(tmp_path):
     _reseal(root)
     with pytest.raises(BufferCheckpointError, match=r"prefetch\.pkl"):
         load_buffer(make_buffer(capacity=50, filled=False), root)
-
-    # The ListStorage file of older versions: read weights-only, so the payload is refused.
-    legacy = tmp_path / "list"
-    legacy.mkdir()
-    torch.save({"_storage": [Payload(marker)]}, legacy / "list_storage_state.pt")
-    (legacy / "manifest.json").write_text(
-        json.dumps({"kind": "list_state_dict", "len": 1, "write_count": 1, "format": 1})
-    )
-    _reseal(legacy)
-    with pytest.raises(BufferCheckpointError, match="could run code"):
-        load_buffer(ReplayBuffer(storage=ListStorage(10)), legacy)
     assert not marker.exists()
 
 

@@ -7,7 +7,7 @@ import sys
 import yaml
 from resume_helpers import INITIAL_ITEMS, online_ids
 
-from rb_lightning.cli import main
+from rb_lightning.runs.cli import main
 
 
 def _config(root) -> dict:

@@ -8,8 +8,8 @@ import pytest
 from lightning.pytorch.callbacks import EarlyStopping
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, PrioritizedSampler, RandomSampler
 
-from rb_lightning.cli import main
 from rb_lightning.rl import DQN, SAC, OnlineCollector
+from rb_lightning.runs.cli import main
 
 pytest.importorskip("gymnasium")
 

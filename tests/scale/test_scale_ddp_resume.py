@@ -113,7 +113,7 @@ def test_resuming_with_another_world_size_is_a_clear_error(runs, tmp_path):
 
 def test_export_reads_one_rank_or_all_with_the_rank_as_source(runs, tmp_path, capsys):
     datasets = pytest.importorskip("datasets")
-    from rb_lightning.export_hf import main
+    from rb_lightning.hf.cli import main
 
     finals = [runs["resumed"][rank]["final_ids"] for rank in (0, 1)]
     assert main([str(runs["ckpt"]), str(tmp_path / "all")]) == 0

@@ -22,7 +22,7 @@ from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import RemoteDumpRequest
 
 ray = pytest.importorskip("ray")
-from rb_lightning.ray import RayReplayBufferView, named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -99,7 +99,7 @@ def test_view_is_a_replay_buffer_for_the_datamodule(cluster):
         with pytest.raises(ValueError, match="num_workers=0"):
             ReplayBufferDataModule(view, batch_size=4, num_workers=1)
         dm = ReplayBufferDataModule(view, batch_size=4, num_batches=2)
-        assert "<remote>" in repr(dm)
+        assert "served by a ray actor" in repr(dm)
         # Outside a DDP run this process is rank 0: the actor dumps the buffer when
         # BufferCheckpointIO saves (tests/scale/test_scale_ray_resume.py).
         state = dm.state_dict()
@@ -118,7 +118,7 @@ def test_remote_buffer_is_not_reseeded_by_ranks_or_workers(cluster):
     from tensordict import TensorDict
 
     from rb_lightning import ReplayBufferBatchDataset
-    from rb_lightning.sharding import Shard
+    from rb_lightning.stream.sharding import Shard
 
     owner = _owner("seed")
     try:
@@ -142,7 +142,7 @@ def test_cartpole_dqn_ray_config_trains_from_the_shared_buffer(cluster, tmp_path
     pytest.importorskip("gymnasium")
     from torchrl.data import RayReplayBuffer
 
-    from rb_lightning.cli import main
+    from rb_lightning.runs.cli import main
 
     config = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn_ray.yaml"
     cli = main(

@@ -25,10 +25,10 @@ from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError
-from rb_lightning.saved import open_saved_buffer
+from rb_lightning.checkpoint.saved import open_saved_buffer
 
 ray = pytest.importorskip("ray")
-from rb_lightning.ray import named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import named_actor_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -42,6 +42,7 @@ def test_workers_never_read_rows_before_they_are_written():
     rb = ReplayBuffer(storage=LazyTensorStorage(60_000))
     rb.extend(rows(0, 100, width=128))
     dm = ReplayBufferDataModule(rb, batch_size=256, num_batches=None, num_workers=1)
+    dm.setup("fit")  # as Lightning does before it asks for a loader
     assert rb.shared, "num_workers>0 must share the buffer's write lock with the workers"
     batches = iter(dm.train_dataloader())
     next(batches)  # workers are up

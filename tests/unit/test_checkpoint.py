@@ -64,5 +64,8 @@ def test_world_size_mismatch_is_refused():
 
 
 def test_unknown_location_is_refused():
-    with pytest.raises(BufferCheckpointError, match="newer rb_lightning"):
+    with pytest.raises(
+        BufferCheckpointError,
+        match="location 'cloud'.*writes 'inline' and 'beside'.*start a new run",
+    ):
         restore_buffer_state(_buffer(0), {"location": "cloud"})

@@ -1,10 +1,10 @@
-"""rb_lightning.curves: metrics read from a CSVLogger file, drawn to a PNG."""
+"""rb_lightning.runs.curves: metrics read from a CSVLogger file, drawn to a PNG."""
 
 from __future__ import annotations
 
 import pytest
 
-from rb_lightning.curves import draw_curves, read_metrics
+from rb_lightning.runs.curves import draw_curves, read_metrics
 
 CSV = "step,epoch,loss,frames\n0,0,1.0,\n0,0,,10\n10,0,0.5,30\n10,0,0.25,\n"
 

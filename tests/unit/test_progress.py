@@ -1,4 +1,4 @@
-"""rb_lightning.progress: the step bar spans max_steps across epochs."""
+"""rb_lightning.runs.progress: the step bar spans max_steps across epochs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.progress import StepProgressBar
+from rb_lightning.runs.progress import StepProgressBar
 
 
 def test_bar_counts_steps_over_epochs():

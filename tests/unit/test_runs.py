@@ -11,7 +11,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.runs import FinalLastCheckpoint, RunLogger, latest_checkpoint
+from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger, latest_checkpoint
 
 
 def test_latest_checkpoint_picks_the_newest(tmp_path):

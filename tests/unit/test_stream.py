@@ -23,8 +23,8 @@ from torchrl.data import (
 from torchrl.envs.transforms import Compose, RenameTransform
 
 from rb_lightning import ReplayBufferBatchDataset, batch_loader
-from rb_lightning.sharding import Shard
-from rb_lightning.stream import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
+from rb_lightning.stream.sharding import Shard
 from rb_lightning.torchrl_compat import supports_direct_sampling
 
 

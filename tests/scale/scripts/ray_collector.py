@@ -11,7 +11,7 @@ import time
 import torch
 from tensordict import TensorDict
 
-from rb_lightning.ray import RayReplayBufferView
+from rb_lightning.distributed.ray import RayReplayBufferView
 
 torch.set_num_threads(1)
 

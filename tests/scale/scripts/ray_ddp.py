@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.ray import RayReplayBufferView
+from rb_lightning.distributed.ray import RayReplayBufferView
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.ray import RayReplayBufferView
+from rb_lightning.distributed.ray import RayReplayBufferView
 
 torch.set_num_threads(1)
 CAPACITY = 200  # the test's buffer capacity

@@ -1,0 +1,216 @@
+"""Putting dumps on disk safely: atomic versions, ``fsync``, disk-space checks, cleanup, packing.
+
+A dump becomes visible by one rename once it is complete and flushed to disk
+(:func:`write_version`, :func:`publish_version`), so a reader never finds a
+half-written one, even after a machine crash; :func:`remove_stale_versions`
+removes what a save that died left behind. :func:`check_disk_space` refuses a
+dump that would not fit before anything is written (a memory-mapped write that
+runs out of space kills the process with ``SIGBUS``). :func:`pack_directory`
+turns a dump into one tensor, to store it inside a Lightning ``.ckpt``.
+
+Examples:
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> def dump(path):
+    ...     path.mkdir()
+    ...     (path / "data.json").write_text("{}")
+    ...     return {"len": 0}
+    >>> version, manifest = write_version(root, dump)
+    >>> [p.name for p in root.iterdir()] == [version], manifest
+    (True, {'len': 0})
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rb_lightning.errors import NotEnoughDiskSpaceError
+
+__all__ = [
+    "check_disk_space",
+    "free_disk_bytes",
+    "pack_directory",
+    "publish_version",
+    "remove_stale_versions",
+    "sync_path",
+    "unpack_directory",
+    "write_version",
+]
+
+#: Free space asked for on top of a dump's estimated size: manifests, JSON files and
+#: filesystem blocks are not counted in the estimate.
+_DISK_MARGIN_FRACTION = 0.05
+_DISK_MARGIN_BYTES = 256 * 1024
+
+
+# -- disk space --------------------------------------------------------------------------------
+def free_disk_bytes(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_disk_space(path: str | os.PathLike, nbytes: int, *, inline: bool) -> None:
+    """Raise :class:`NotEnoughDiskSpaceError` unless ``path``'s filesystem fits ``nbytes`` + margin.
+
+    A memory-mapped dump that runs out of space does not fail with an error: the
+    process dies with ``SIGBUS``. Checking first turns that into a message.
+    ``inline``: the dump is staged in the temporary directory to be packed into
+    the ``.ckpt`` (the fix differs).
+    """
+    needed = int(nbytes * (1 + _DISK_MARGIN_FRACTION)) + _DISK_MARGIN_BYTES
+    free = free_disk_bytes(path)
+    if needed <= free:
+        return
+    if inline:
+        fix = (
+            "A buffer of at most checkpoint_inline_max_bytes is dumped to this temporary "
+            "directory before it is packed into the .ckpt. Point TMPDIR at a filesystem with "
+            "more space, or lower ReplayBufferDataModule(checkpoint_inline_max_bytes=...) "
+            "(0: always beside the .ckpt) so the buffer is written beside the checkpoint."
+        )
+    else:
+        fix = (
+            "Free space there, or save checkpoints to a larger filesystem "
+            "(ModelCheckpoint(dirpath=...) or Trainer(default_root_dir=...)); keeping fewer "
+            "checkpoints (save_top_k) also frees space. Buffers up to "
+            "ReplayBufferDataModule(checkpoint_inline_max_bytes=...) go inside the .ckpt instead."
+        )
+    raise NotEnoughDiskSpaceError(
+        f"Not enough free disk space to checkpoint the replay buffer: the dump needs about "
+        f"{needed / 1e6:.1f} MB in {path}, and that filesystem has {free / 1e6:.1f} MB free. "
+        f"Nothing was written, so the previous checkpoint is intact. {fix}"
+    )
+
+
+# -- packed (one tensor, e.g. inside a Lightning .ckpt) ---------------------------------------
+def pack_directory(path: str | os.PathLike) -> torch.Tensor:
+    """The files under ``path`` as an uncompressed tar archive in a ``uint8`` tensor."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        archive.add(str(path), arcname=".")
+    return torch.frombuffer(bytearray(stream.getvalue()), dtype=torch.uint8)
+
+
+def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
+    """Extract an archive made by :func:`pack_directory` into ``path``."""
+    with tarfile.open(fileobj=io.BytesIO(archive.numpy().tobytes()), mode="r") as tar:
+        tar.extractall(path, filter="data")
+
+
+# -- atomic versions ---------------------------------------------------------------------------
+def sync_path(path: str | os.PathLike, *, recursive: bool = True) -> None:
+    """``fsync`` ``path``: a file, or a directory with (``recursive``) everything under it.
+
+    A rename makes a dump visible; without this, a machine that crashes right after
+    could keep the rename and lose the data behind it. Directories are synced too,
+    so that the entries of new files survive the crash as well.
+    """
+    root = Path(path)
+    entries = [root]
+    if recursive and root.is_dir():
+        entries = sorted(root.rglob("*"), reverse=True) + [root]  # children before parents
+    for entry in entries:
+        descriptor = os.open(entry, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def write_version(
+    directory: str | os.PathLike, dump: Callable[[Path], dict[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """Write one dump as the new version ``directory/<version>``, atomically; return both.
+
+    ``dump(path)`` writes the dump into ``path`` (it must not exist yet) and
+    returns its manifest. It runs on ``<version>.tmp``, which is flushed to disk
+    (:func:`sync_path`) and renamed to ``<version>`` once complete (one
+    ``os.replace`` on the same filesystem, then ``directory`` is synced), so a
+    reader never finds a half-written version, after a killed process or a
+    crashed machine; a failed dump is removed at once so it does not hold the
+    space. torchrl's ``Checkpoint.save`` stages and renames too, but replaces a
+    fixed path; versions here are new names, so an older version stays readable
+    until its ``.ckpt`` is replaced.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> from rb_lightning.checkpoint import dump_buffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(2)}, batch_size=[2]))
+        >>> root = tempfile.mkdtemp()
+        >>> version, manifest = write_version(root, lambda path: dump_buffer(rb, path))
+        >>> sorted(p.name for p in Path(root).iterdir()) == [version], manifest["len"]
+        (True, 2)
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    version = uuid.uuid4().hex
+    staging = directory / f"{version}.tmp"
+    try:
+        manifest = dump(staging)
+        sync_path(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    os.replace(staging, directory / version)
+    sync_path(directory, recursive=False)
+    return version, manifest
+
+
+def publish_version(staged: Path, directory: Path, version: str) -> Path:
+    """Move a complete dump ``staged`` (written elsewhere) to ``directory/<version>``.
+
+    One rename on the same filesystem; across filesystems a copy under
+    ``<version>.tmp`` first (synced), then the rename, so the version appears
+    complete or not at all. ``staged`` must already be synced (:func:`sync_path`).
+    """
+    final = directory / version
+    try:
+        os.replace(staged, final)
+    except OSError:  # another filesystem: copy under a temporary name, then rename
+        copy = directory / f"{version}.tmp"
+        shutil.copytree(staged, copy)
+        sync_path(copy)
+        os.replace(copy, final)
+        shutil.rmtree(staged, ignore_errors=True)
+    sync_path(directory, recursive=False)
+    return final
+
+
+def remove_stale_versions(directory: str | os.PathLike) -> list[Path]:
+    """Remove ``<version>.tmp`` directories under ``directory``; return what was removed.
+
+    A version is staged under ``.tmp`` and renamed once complete, so a ``.tmp``
+    that exists when a new save starts belongs to a save that died (killed, out
+    of disk) and only takes the space the new one needs. Saves of one run do
+    not overlap, so this never races a live write of the same run.
+
+    Examples:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "dead.tmp").mkdir()
+        >>> (root / "kept").mkdir()
+        >>> [p.name for p in remove_stale_versions(root)], [p.name for p in root.iterdir()]
+        (['dead.tmp'], ['kept'])
+    """
+    removed = []
+    for entry in Path(directory).glob("*.tmp"):
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed

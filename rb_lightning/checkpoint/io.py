@@ -1,0 +1,285 @@
+"""Lightning's ``CheckpointIO`` for replay buffers: dumps beside the ``.ckpt``, written and removed with it.
+
+:class:`BufferCheckpointIO` wraps the Trainer's ``CheckpointIO``: before a
+``.ckpt`` is written it carries out the :class:`~rb_lightning.checkpoint.BufferDumpRequest`
+objects in the checkpoint dict (each writes its dump to ``<ckpt>.buffer/<version>/``
+and leaves a reference), writes the ``.ckpt`` beside its final place and renames
+it there, and only then deletes older buffer versions. :func:`install_checkpoint_io`
+puts it on a Trainer's strategy, once.
+
+Examples:
+    >>> from lightning.pytorch import Trainer
+    >>> trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    >>> install_checkpoint_io(trainer)
+    >>> install_checkpoint_io(trainer)  # idempotent
+    >>> type(trainer.strategy.checkpoint_io).__name__
+    'BufferCheckpointIO'
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+from .beside import BUFFER_DIR_SUFFIX, BufferDumpRequest, buffer_dir_for, resolve_reference
+from .files import remove_stale_versions, sync_path
+
+__all__ = ["BufferCheckpointIO", "install_checkpoint_io"]
+
+_PARTIAL_PREFIX = ".rb_lightning-partial-"  # a .ckpt being written, renamed into place
+
+#: Key of the save's number in the checkpoint dict, from :class:`BufferCheckpointIO` to
+#: the writer that commits it; removed before the ``.ckpt`` is written.
+_SAVE_KEY = "rb_lightning_save"
+
+
+class _SaveLedger:
+    """Saves handed to the ``.ckpt`` writer, and what each makes obsolete once it is written.
+
+    Saves are numbered in the order :class:`BufferCheckpointIO` hands them on; the
+    writer (this thread, or ``AsyncCheckpointIO``'s one worker thread) writes them
+    in that order and calls :meth:`finish` after each. Older buffer versions and
+    checkpoints Lightning asked to remove are deleted only then, so until a new
+    ``.ckpt`` is on disk the previous one keeps its buffer.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._submitted = 0
+        self._finished = 0
+        self._obsolete: dict[int, list[Path]] = {}
+        self._removals: list[tuple[int, Callable[[], None]]] = []
+
+    def submit(self, obsolete: list[Path]) -> int:
+        """Number a save; ``obsolete``: what to delete once its ``.ckpt`` is written."""
+        with self._lock:
+            self._submitted += 1
+            self._obsolete[self._submitted] = obsolete
+            return self._submitted
+
+    def defer(self, removal: Callable[[], None]) -> bool:
+        """Run ``removal`` after the saves handed on so far; ``False``: none pending, run it now."""
+        with self._lock:
+            if self._finished >= self._submitted:
+                return False
+            self._removals.append((self._submitted, removal))
+            return True
+
+    def finish(self, number: int | None, *, written: bool) -> None:
+        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals.
+
+        A save that failed deletes nothing, and the removals that waited for it are
+        dropped: the checkpoint Lightning meant to replace stays complete.
+        """
+        with self._lock:
+            if number is None:  # a checkpoint that did not come through BufferCheckpointIO
+                return
+            obsolete = self._obsolete.pop(number, [])
+            self._finished = max(self._finished, number)
+            due = [removal for after, removal in self._removals if after <= number]
+            self._removals = [entry for entry in self._removals if entry[0] > number]
+        if not written:
+            return
+        for entry in obsolete:
+            shutil.rmtree(entry, ignore_errors=True)
+        for removal in due:
+            removal()
+
+
+class _CommitAfterWrite(CheckpointIO):
+    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger.
+
+    Sits below ``AsyncCheckpointIO`` (so it runs in its thread, after the write) or
+    directly below :class:`BufferCheckpointIO` (same thread).
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO, ledger: _SaveLedger) -> None:
+        self.checkpoint_io, self.ledger = checkpoint_io, ledger
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        number = checkpoint.pop(_SAVE_KEY, None)
+        try:
+            _write_in_place(self.checkpoint_io, checkpoint, path, storage_options)
+        except BaseException:
+            self.ledger.finish(number, written=False)
+            raise
+        self.ledger.finish(number, written=True)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return self.checkpoint_io.load_checkpoint(
+            path, map_location=map_location, **_weights_only(weights_only)
+        )
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.checkpoint_io.teardown()
+
+
+def _write_in_place(
+    checkpoint_io: CheckpointIO, checkpoint: dict[str, Any], path: Any, storage_options: Any
+) -> None:
+    """Write a local ``.ckpt`` beside its final place, ``fsync`` it, rename it over ``path``.
+
+    ``checkpoint_io`` writes to ``<dir>/.rb_lightning-partial-<id>/<name>`` (the same
+    file name, on the same filesystem); one ``os.replace`` then puts it in place and
+    the directory is synced. Lightning's own writer stages in the system temporary
+    directory and moves the file: across filesystems (a tmpfs ``/tmp``) the move is a
+    copy, and a process killed during it leaves a truncated ``.ckpt``. Older buffer
+    versions are deleted after this returns, so the new ``.ckpt`` is on disk first.
+    Remote paths (``s3://...``) are written by ``checkpoint_io`` as they are.
+    """
+    if "://" in str(path) and not str(path).startswith("file://"):
+        checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        return
+    final = Path(str(path).removeprefix("file://"))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Only this thread writes .ckpt files of the run (AsyncCheckpointIO has one writer),
+    # so a partial directory found now belongs to a save that died.
+    for stale in final.parent.glob(f"{_PARTIAL_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = final.parent / f"{_PARTIAL_PREFIX}{uuid.uuid4().hex}"
+    partial.mkdir()
+    try:
+        checkpoint_io.save_checkpoint(
+            checkpoint, partial / final.name, storage_options=storage_options
+        )
+        sync_path(partial / final.name)
+        os.replace(partial / final.name, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    sync_path(final.parent, recursive=False)
+
+
+class BufferCheckpointIO(CheckpointIO):
+    """A ``CheckpointIO`` that writes large replay buffers beside the checkpoint file.
+
+    It wraps another ``CheckpointIO`` (default: Lightning's ``TorchCheckpointIO``)
+    and adds, for each :class:`BufferDumpRequest` in the checkpoint dict:
+    dump to ``<ckpt>.buffer/<version>.tmp``, rename to ``<version>``, then save
+    the ``.ckpt``, then delete older versions. ``remove_checkpoint`` also
+    removes ``<ckpt>.buffer``.
+
+    With Lightning's ``AsyncCheckpointIO`` (``Trainer(plugins=[AsyncCheckpointIO()])``)
+    the buffer is still dumped in the training thread (a snapshot of the step being
+    saved) and only the ``.ckpt`` is written in the background; older buffer
+    versions, and checkpoints Lightning removes (``save_top_k``), are deleted in
+    that thread after the new ``.ckpt`` is written. At every moment the newest
+    complete ``.ckpt`` has its buffer on disk.
+
+    :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
+    strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
+    wrap a custom ``CheckpointIO``.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self._ledger = _SaveLedger()
+        base = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        if isinstance(base, AsyncCheckpointIO):
+            # The commit must run after the background write, so it goes below the
+            # async layer: a fresh one of the same type around it (its thread starts
+            # at the first save, so nothing of the given one is lost).
+            writer = type(base)()
+            writer.checkpoint_io = _CommitAfterWrite(
+                base.checkpoint_io or TorchCheckpointIO(), self._ledger
+            )
+            self.checkpoint_io: CheckpointIO = writer
+        else:
+            self.checkpoint_io = _CommitAfterWrite(base, self._ledger)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        directory = buffer_dir_for(path)
+        # Leftovers of saves that died, beside any checkpoint of this directory
+        # (each .ckpt has its own <ckpt>.buffer/, and the next save has a new name).
+        # Dumps are made in this thread, so no .tmp here belongs to a live save.
+        for buffer_dir in directory.parent.glob(f"*{BUFFER_DIR_SUFFIX}"):
+            remove_stale_versions(buffer_dir)
+        written = []
+        for holder, key, request in _find_requests(checkpoint):
+            reference = request.write(directory)
+            holder[key] = reference
+            written.append(reference["version"])
+        # The new .ckpt refers to these versions only; older ones (an overwritten
+        # last.ckpt) go once it is written, maybe later in AsyncCheckpointIO's thread.
+        obsolete = []
+        if written:
+            obsolete = [entry for entry in directory.iterdir() if entry.name not in written]
+        checkpoint[_SAVE_KEY] = self._ledger.submit(obsolete)
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        checkpoint = self.checkpoint_io.load_checkpoint(
+            path, map_location=map_location, **_weights_only(weights_only)
+        )
+        checkpoint.pop(_SAVE_KEY, None)
+        for reference in _find_references(checkpoint):
+            reference["resolved"] = str(resolve_reference(reference, path))
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove ``path`` and its buffer, after the saves still being written (async IO)."""
+
+        def remove() -> None:
+            self.checkpoint_io.remove_checkpoint(path)
+            shutil.rmtree(str(path) + BUFFER_DIR_SUFFIX, ignore_errors=True)
+
+        if not self._ledger.defer(remove):
+            remove()
+
+    def teardown(self) -> None:
+        self.checkpoint_io.teardown()
+
+
+def _weights_only(weights_only: bool | None) -> dict[str, bool]:
+    # Passed on only when given: a wrapped CheckpointIO written for an older Lightning
+    # may not take the argument.
+    return {} if weights_only is None else {"weights_only": weights_only}
+
+
+def install_checkpoint_io(trainer: Any) -> None:
+    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once.
+
+    Idempotent: a call on a Trainer that has it already changes nothing, so it can
+    be called wherever the Trainer is first known (the DataModule's ``setup``).
+    ``trainer=None`` (a DataModule used without a Trainer) does nothing.
+    """
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None or isinstance(strategy.checkpoint_io, BufferCheckpointIO):
+        return
+    strategy.checkpoint_io = BufferCheckpointIO(strategy.checkpoint_io)
+
+
+def _nested_dicts(checkpoint: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The dicts inside ``checkpoint``, at any depth (a mixture nests one state per member)."""
+    for value in checkpoint.values():
+        if isinstance(value, dict):
+            yield value
+            yield from _nested_dicts(value)
+
+
+def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str, Any]]:
+    found = []
+    for value in _nested_dicts(checkpoint):
+        found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
+    return found
+
+
+def _find_references(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    return [value for value in _nested_dicts(checkpoint) if value.get("location") == "beside"]

@@ -1,0 +1,206 @@
+"""Checkpoints of a Ray buffer (``service_backend="ray"``): its actor writes and reads the dump.
+
+One actor serves every rank, so one process saves it: global rank 0 of the
+Lightning run has the actor write its content with torchrl's ``dumps`` beside
+the ``.ckpt`` (:func:`remote_buffer_state`, :class:`RemoteDumpRequest`,
+:func:`dump_remote_buffer`), and on resume loads it back into the actor while
+every rank waits (:func:`restore_remote_buffer_state`, :func:`load_remote_buffer`).
+The manifest, the checks and the versions beside the ``.ckpt`` are
+:mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.distributed.ray`'s.
+A dump written this way is also read into a buffer of this process by
+:func:`rb_lightning.checkpoint.load_buffer` (to export a Ray run's buffer).
+
+Importing this module does not import Ray; saving or restoring a Ray buffer does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torchrl.data import ReplayBuffer
+
+from rb_lightning import torchrl_compat
+from rb_lightning.checkpoint.beside import BufferDumpRequest, beside_reference, resolve_reference
+from rb_lightning.checkpoint.build import build_record, compare_builds
+from rb_lightning.checkpoint.files import remove_stale_versions, write_version
+from rb_lightning.checkpoint.io import install_checkpoint_io
+from rb_lightning.checkpoint.kinds import actor_dump_kind
+from rb_lightning.checkpoint.manifest import (
+    Verify,
+    check_plain_files,
+    read_manifest,
+    write_manifest,
+)
+from rb_lightning.errors import BufferCheckpointError
+
+__all__ = [
+    "RemoteDumpRequest",
+    "dump_remote_buffer",
+    "load_remote_buffer",
+    "remote_buffer_state",
+    "restore_remote_buffer_state",
+]
+
+_WRONG_KIND = (
+    "The checkpoint's replay buffer{where} was saved from a buffer in the training process, "
+    "and the DataModule now holds a Ray buffer (service_backend='ray'). Resume with the same "
+    "kind of buffer as the saved run, or start a new run."
+)
+
+
+def remote_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
+    """The build record of a Ray buffer (see :func:`~rb_lightning.checkpoint.buffer_build`), read in its actor."""
+    from rb_lightning.distributed.ray import remote_build as describe_in_actor
+
+    parts = describe_in_actor(replay_buffer, list(torchrl_compat.SAMPLER_SETTINGS))
+    attributes = parts.pop("sampler_attributes")
+    return build_record(parts, attributes)
+
+
+def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> dict[str, Any]:
+    """Have a Ray buffer's actor write its content to the new directory ``path``; return the manifest.
+
+    The actor writes with torchrl's ``dumps`` (memmaps and JSON; the one pickle it
+    writes, an empty prefetch state, holds plain values only and is checked as
+    such), in one actor call, so a collector's writes land before or after it.
+    ``path`` must be reachable from the actor's process (same machine or a shared
+    filesystem). The manifest is written by this process afterwards.
+    """
+    from rb_lightning.distributed.ray import dump_in_actor
+
+    root = Path(path).absolute()
+    build = remote_build(replay_buffer)
+    length, write_count = dump_in_actor(replay_buffer, str(root))
+    if not root.is_dir():
+        raise BufferCheckpointError(
+            f"The Ray replay buffer's actor wrote its checkpoint to {root}, and this process "
+            "does not see it there: the actor runs on another machine. Save checkpoints to "
+            "a filesystem that the actor's node and the rank-0 trainer share "
+            "(ModelCheckpoint(dirpath=...) on a shared mount), or run the actor on the "
+            "rank-0 node (named_actor_config(..., resources=...))."
+        )
+    check_plain_files(root, written=True)
+    return write_manifest(
+        root,
+        {
+            "kind": actor_dump_kind(length),
+            "len": length,
+            "write_count": write_count,
+            "pending_batches": 0,
+            "build": build,
+            "remote": True,
+        },
+        {},  # the actor wrote the files in its own process: hashed here from disk
+    )
+
+
+def load_remote_buffer(
+    replay_buffer: ReplayBuffer, path: str | os.PathLike, *, verify: Verify = "full"
+) -> None:
+    """Replace a Ray buffer's content, in its actor, with a :func:`dump_remote_buffer` directory.
+
+    Verified here first (manifest, no file that could run code, same build); the
+    actor then reads it with torchrl's ``loads``, so ``path`` must be reachable from
+    the actor's process.
+    """
+    from rb_lightning.distributed.ray import load_in_actor
+
+    root = Path(path).absolute()
+    manifest = read_manifest(root, verify=verify)
+    if not manifest.get("remote"):
+        raise BufferCheckpointError(_WRONG_KIND.format(where=f" ({root})"))
+    check_plain_files(root)
+    compare_builds(manifest["build"], remote_build(replay_buffer), root)
+    empty = manifest["len"] == 0
+    length, write_count = load_in_actor(replay_buffer, None if empty else str(root))
+    if length != manifest["len"] or (not empty and write_count != manifest["write_count"]):
+        raise BufferCheckpointError(
+            f"The Ray replay buffer restored from {root} holds {length} items (write_count "
+            f"{write_count}), its manifest says {manifest['len']} ({manifest['write_count']}). "
+            "Resume from an earlier checkpoint; if that fails the same way, report it with "
+            "this message."
+        )
+
+
+class RemoteDumpRequest(BufferDumpRequest):
+    """A Ray buffer, dumped by its actor beside the ``.ckpt`` when ``BufferCheckpointIO`` saves.
+
+    Lightning runs ``CheckpointIO.save_checkpoint`` on global rank 0 only, so the
+    shared buffer is written once per checkpoint, whatever the number of ranks.
+    """
+
+    def __init__(self, replay_buffer: ReplayBuffer) -> None:
+        super().__init__(replay_buffer)
+
+    def write(self, directory: Path) -> dict[str, Any]:
+        """Dump into ``directory/<version>.tmp`` (by the actor), rename; return the reference."""
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_versions(directory)
+        version, manifest = write_version(
+            directory, lambda path: dump_remote_buffer(self.replay_buffer, path)
+        )
+        return beside_reference(directory, version, manifest, remote=True)
+
+    def __reduce__(self) -> Any:
+        raise BufferCheckpointError(
+            "This checkpoint holds a Ray replay buffer, which its actor writes beside the "
+            ".ckpt through rb_lightning's BufferCheckpointIO, and it is being saved without "
+            "it. Save through a Trainer that the ReplayBufferDataModule is attached to (it "
+            "installs the plugin), or pass Trainer(plugins=[BufferCheckpointIO()])."
+        )
+
+
+def remote_buffer_state(
+    replay_buffer: ReplayBuffer, trainer: Any
+) -> dict[str, Any] | BufferDumpRequest:
+    """What a DataModule stores for a Ray buffer: its owner (global rank 0) dumps it.
+
+    One actor serves every rank, so exactly one process writes it: global rank 0
+    of the Lightning run (whichever process created the actor). Its request is
+    carried out by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
+    Lightning calls on rank 0 only; other ranks return a placeholder
+    (``location="remote"``; their checkpoint dict is not saved).
+    """
+    if trainer is not None and trainer.global_rank != 0:
+        return {"location": "remote", "saved_by_rank": 0}
+    install_checkpoint_io(trainer)
+    return RemoteDumpRequest(replay_buffer)
+
+
+def restore_remote_buffer_state(
+    replay_buffer: ReplayBuffer,
+    state: dict[str, Any],
+    checkpoint_path: str | os.PathLike | None,
+    trainer: Any,
+    *,
+    verify: Verify = "full",
+) -> None:
+    """Restore a Ray buffer from its checkpoint: rank 0 loads it into the actor, all ranks wait.
+
+    Call on every rank (it is collective under DDP): no rank samples the shared
+    buffer before it holds the checkpoint's content, and an error on rank 0
+    stops every rank. The placeholder of a rank other than 0
+    (``location="remote"``) restores nothing.
+    """
+    rank = trainer.global_rank if trainer is not None else 0
+    world_size = trainer.world_size if trainer is not None else 1
+    error: BaseException | None = None
+    if rank == 0 and state.get("location") != "remote":
+        try:
+            if state.get("location") != "beside" or not state.get("remote"):
+                raise BufferCheckpointError(_WRONG_KIND.format(where=""))
+            load_remote_buffer(
+                replay_buffer, resolve_reference(state, checkpoint_path), verify=verify
+            )
+        except Exception as caught:  # every rank must reach the decision below, or all hang
+            error = caught
+    if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
+        if error is None:
+            raise BufferCheckpointError(
+                "Rank 0 could not restore the Ray replay buffer from the checkpoint (see its "
+                "error); this rank stops too rather than train on the wrong content."
+            )
+    if error is not None:
+        raise error

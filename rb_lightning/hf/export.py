@@ -1,0 +1,327 @@
+"""Hand a replay buffer to Hugging Face ``datasets`` (and so to TRL trainers), and back.
+
+:func:`to_hf_dataset` exports a buffer two ways:
+
+* ``streaming=True``: a ``datasets.IterableDataset`` that samples the live
+  buffer, batch by batch (online training: new items are seen as they land);
+* ``streaming=False``: a ``datasets.Dataset``, an Arrow snapshot of the
+  buffer's current content in storage order, every item once.
+
+Both convert whole sampled batches / storage slices column by column into
+Arrow arrays (no per-item Python), declare their features up front (so int64
+token ids stay int64 and strings arrive as ``str``) and never hash the buffer
+for a fingerprint. Nested keys become ``"a.b"`` columns, as in
+:class:`~rb_lightning.ReplayBufferDataset`.
+
+:func:`from_hf_dataset` goes the other way: a ``datasets.Dataset`` (e.g. made
+by a TRL script) into a replay buffer for Lightning.
+
+This module imports ``datasets`` and ``pyarrow`` when its functions are
+called, never at ``import rb_lightning``.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import NonTensorData, NonTensorStack, TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.hf.export import to_hf_dataset
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    >>> _ = rb.extend(TensorDict({
+    ...     "input_ids": torch.arange(6).reshape(3, 2),
+    ...     "meta": {"score": torch.tensor([0.5, 1.0, 1.5])},
+    ...     "prompt": NonTensorStack("a", "b", "c"),
+    ... }, batch_size=[3]))
+    >>> snapshot = to_hf_dataset(rb, streaming=False)
+    >>> snapshot[1]
+    {'input_ids': [2, 3], 'meta.score': 1.0, 'prompt': 'b'}
+    >>> snapshot.features["input_ids"]
+    List(Value('int64'), length=2)
+    >>> stream = to_hf_dataset(rb, batch_size=2, num_batches=2)
+    >>> len(list(stream))
+    4
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from tensordict.utils import NestedKey
+from torchrl.data import ReplayBuffer
+
+from rb_lightning.columns import (
+    check_unique_names,
+    flat_name,
+)
+from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.hf.arrow import (
+    CHUNK_SIZE,
+    arrow_table,
+    empty_buffer_error,
+    infer_features,
+    key_of,
+    read_items,
+    require_hf,
+)
+from rb_lightning.hf.streaming import IDENTICAL, check_ranks, stream_dataset
+from rb_lightning.stream.sampling import BufferStream
+from rb_lightning.validation import check_keys, check_positive_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    import datasets
+
+logger = logging.getLogger(__name__)
+
+#: Items sampled per call in a stream built from a bare ``ReplayBuffer``.
+DEFAULT_BATCH_SIZE = 256
+_UNSET: Any = object()
+
+
+# -- what to export ------------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    """The stream and the export arguments behind one export."""
+
+    stream: BufferStream
+    keys: list[NestedKey] | None
+    num_batches: int | None
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        return self.stream.replay_buffer
+
+    @property
+    def batch_size(self) -> int:
+        return self.stream.batch_size
+
+
+def _plan(source: BufferStream, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
+    # A stream of its own: the export seeds and counts it, the source's stays as it is.
+    stream = BufferStream(
+        source.replay_buffer,
+        source.batch_size if batch_size is None else batch_size,
+        min_size=source.min_size,
+        wait_timeout=source.wait_timeout,
+    )
+    checked_keys = None if keys is None else check_keys(keys)
+    if checked_keys is not None:
+        check_unique_names(checked_keys)
+    batches = None if num_batches is _UNSET else num_batches
+    return _Plan(stream, checked_keys, check_positive_int(batches, "num_batches", allow_none=True))
+
+
+def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, NestedKey]]:
+    """Features of the export and the buffer key behind each column."""
+    datasets, _ = require_hf()
+    if features is not None and not isinstance(features, Mapping):
+        raise ArgumentTypeError(
+            "features",
+            f"features must be a datasets.Features or a dict {{column: feature}}, got "
+            f"{type(features).__name__}.",
+        )
+    if len(plan.replay_buffer) == 0:
+        if not features:
+            raise empty_buffer_error()
+        keys = plan.keys or [key_of(name) for name in features]
+        resolved = datasets.Features(dict(features))
+    else:
+        resolved = infer_features(plan.replay_buffer, plan.keys)
+        keys = plan.keys or [key_of(name) for name in resolved]
+        unknown = set(features or {}) - set(resolved)
+        if unknown:
+            raise UsageError(
+                "features",
+                f"features names columns {sorted(unknown)} that the buffer does not have; "
+                f"its columns are {list(resolved)}. Nested keys are named 'a.b'.",
+            )
+        resolved.update(dict(features or {}))
+    by_name = {flat_name(k): k for k in keys}
+    missing = [name for name in resolved if name not in by_name]
+    if missing:
+        raise UsageError(
+            "features",
+            f"features names columns {missing} that keys={plan.keys} leaves out; add them to keys.",
+        )
+    return resolved, {name: by_name[name] for name in resolved}
+
+
+# -- snapshot ------------------------------------------------------------------------------------
+def _snapshot(plan: _Plan, features: Any, columns: dict[str, NestedKey]) -> Any:
+    datasets, pa = require_hf()
+    from datasets.fingerprint import generate_random_fingerprint
+    from datasets.table import InMemoryTable
+
+    rb = plan.replay_buffer
+    schema = features.arrow_schema
+    size = len(rb)
+    # Slices, not index tensors: indexing a NonTensorStack with a tensor clones every item.
+    tables = [
+        arrow_table(read_items(rb, start, min(start + CHUNK_SIZE, size)), columns, schema)
+        for start in range(0, size, CHUNK_SIZE)
+    ]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    info = datasets.DatasetInfo(
+        description=f"Snapshot of {size} items of a torchrl replay buffer, in storage order.",
+        features=features,
+    )
+    # A random fingerprint: hashing the content would cost as much as the export itself.
+    return datasets.Dataset(
+        InMemoryTable(table), info=info, fingerprint=generate_random_fingerprint()
+    )
+
+
+# -- public API ----------------------------------------------------------------------------------
+class SupportsHFExport(Protocol):
+    """What :func:`to_hf_dataset` accepts besides a buffer and a stream.
+
+    :class:`~rb_lightning.ReplayBufferDataset`, :class:`~rb_lightning.ReplayBufferBatchDataset`,
+    :class:`~rb_lightning.ReplayBufferPassDataset` and
+    :class:`~rb_lightning.ReplayBufferDataModule` describe what they sample:
+    ``hf_export_defaults()`` returns ``{"stream": BufferStream, ...}`` with optional
+    ``keys``, ``num_batches`` and ``streaming``, which :func:`to_hf_dataset`'s own
+    arguments override. (Their ``as_hf_dataset(**options)`` is
+    ``to_hf_dataset(self, **options)``.)
+    """
+
+    def hf_export_defaults(self) -> dict[str, Any]: ...
+
+
+def _export_defaults(source: Any) -> dict[str, Any]:
+    """``{"stream": BufferStream, ...}``: what ``source`` samples unless told otherwise."""
+    if isinstance(source, ReplayBuffer):
+        return {"stream": BufferStream(source, DEFAULT_BATCH_SIZE)}
+    if isinstance(source, BufferStream):
+        return {"stream": source}
+    defaults = getattr(source, "hf_export_defaults", None)
+    if not callable(defaults):
+        raise ArgumentTypeError(
+            "source",
+            "to_hf_dataset(source) takes a torchrl ReplayBuffer, a BufferStream, a saved run or "
+            "dump (a path), or a dataset or DataModule of rb_lightning (ReplayBufferDataset, "
+            f"ReplayBufferBatchDataset, ReplayBufferPassDataset, ReplayBufferDataModule), got "
+            f"{type(source).__name__}.",
+        )
+    return dict(defaults())
+
+
+def to_hf_dataset(
+    source: ReplayBuffer | BufferStream | SupportsHFExport | str | os.PathLike[str],
+    *,
+    streaming: bool | None = None,
+    keys: list[NestedKey] | None = None,
+    num_batches: int | None = _UNSET,
+    batch_size: int | None = None,
+    features: Mapping[str, Any] | None = None,
+    n_shards: int | None = None,
+    ranks: Literal["identical", "per_rank"] = IDENTICAL,
+    seed: int | None = None,
+) -> datasets.IterableDataset | datasets.Dataset:
+    """A replay buffer as a Hugging Face dataset, for ``trl`` / ``transformers`` trainers.
+
+    Args:
+        source: A torchrl ``ReplayBuffer``, a :class:`~rb_lightning.stream.BufferStream`,
+            a dataset of :mod:`rb_lightning.stream.datasets` or a
+            :class:`~rb_lightning.ReplayBufferDataModule` (:class:`SupportsHFExport`:
+            its buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
+            and snapshot-or-stream are the defaults of the arguments below); or the path of a saved buffer: a Lightning run's
+            directory or ``.ckpt``, a dump (read by
+            :func:`rb_lightning.checkpoint.saved.open_saved_buffer`; all members or ranks
+            of a mixture or DDP checkpoint, with a ``"source"`` column).
+
+    Keyword Args:
+        streaming: ``True``: a ``datasets.IterableDataset`` sampling the live
+            buffer (items written later are seen). ``False``: a
+            ``datasets.Dataset`` snapshot of the current content, in storage
+            order, each item once. Default: the source's (a
+            ``ReplayBufferPassDataset`` is a snapshot), else ``True``.
+        keys: Buffer keys to export (nested keys as tuples); default: all but
+            torchrl's bookkeeping (``index``, ``priority_weight``:
+            :data:`BOOKKEEPING_KEYS`), which a trainer does not read.
+        num_batches: Streaming only: sampling calls per pass. ``None`` is an
+            unbounded stream: the trainer must stop it with ``max_steps``.
+            Default: the source's (``None`` for a bare ``ReplayBuffer``).
+        batch_size: Streaming only: items per sampling call (default: the
+            source's, or 256).
+        features: ``{column: datasets feature}`` overriding the inferred ones
+            (columns are named ``"a.b"`` for nested keys). Required when
+            streaming from a buffer that is still empty.
+        n_shards: Streaming with ``ranks="per_rank"`` only: shards of the
+            stream. Each DataLoader worker and each rank
+            (``datasets.distributed.split_dataset_by_node``, Accelerate when
+            ``n_shards >= num_processes``) takes whole shards, and the
+            ``num_batches`` of a pass are divided between shards, so a pass
+            draws ``num_batches`` batches in total whatever the number of
+            workers. Default: ``min(num_batches, 8)``.
+        ranks: Streaming only: what several processes (Accelerate,
+            ``torchrun``) read. ``"identical"`` (default): every process draws
+            the same stream, one shard, batch ``j`` of pass ``k`` sampled with
+            a generator seeded from ``(seed, k, j)``; given the same buffer
+            content on every process (load one dump on each), Accelerate's
+            per-process slice of each global batch gives disjoint,
+            group-consistent rows: right for every TRL trainer, required by
+            ``GRPOTrainer``. ``"per_rank"``: each process and DataLoader worker
+            draws its own random stream from its own shards (several workers
+            read in parallel; right when each rank holds its own buffer, for
+            SFT / DPO / ``Trainer``). Not for a group trainer (GRPO, RLOO) on
+            several processes: it slices each group across processes, so its
+            groups would mix prompts (docs/trl.md).
+        seed: ``ranks="identical"`` only: the stream's seed (default 0); give
+            every process the same.
+
+    Returns:
+        ``datasets.IterableDataset`` (streaming) or ``datasets.Dataset``.
+
+    Raises:
+        ImportError: Without the ``hf`` extra (``pip install "rb-lightning[hf]"``).
+        UsageError: ``ranks`` / ``seed`` / ``n_shards`` that do not fit together.
+
+    Notes:
+        Trainers need ``max_steps`` with a streaming dataset (it has no
+        length). See docs/trl.md for which ``ranks`` each trainer needs.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        >>> _ = rb.extend(TensorDict({"input_ids": torch.zeros(10, 4, dtype=torch.long)}, [10]))
+        >>> ds = to_hf_dataset(rb, streaming=True, batch_size=4, num_batches=3)
+        >>> ds.features["input_ids"], sum(1 for _ in ds)
+        (List(Value('int64'), length=4), 12)
+
+        Every process building the same export of the same content reads the same rows:
+
+        >>> _ = rb.extend(TensorDict({"input_ids": torch.arange(40).reshape(10, 4)}, [10]))
+        >>> rows = lambda d: [r["input_ids"][0] for r in d]
+        >>> rows(to_hf_dataset(rb, batch_size=4, num_batches=2, seed=7)) == rows(
+        ...     to_hf_dataset(rb, batch_size=4, num_batches=2, seed=7))
+        True
+    """
+    require_hf()
+    if isinstance(source, (str, os.PathLike)):
+        from rb_lightning.checkpoint.saved import open_saved_buffer
+
+        source = open_saved_buffer(source).replay_buffer
+    given = _export_defaults(source)
+    keys = given.get("keys") if keys is None else keys
+    num_batches = given.get("num_batches", _UNSET) if num_batches is _UNSET else num_batches
+    streaming = given.get("streaming", True) if streaming is None else streaming
+    plan = _plan(given["stream"], batch_size, keys, num_batches)
+    resolved, columns = _resolve_features(plan, features)
+    if streaming:
+        ranks, stream_seed = check_ranks(ranks, seed, n_shards)
+        return stream_dataset(
+            plan.stream, plan.num_batches, resolved, columns, n_shards, ranks, stream_seed
+        )
+    if n_shards is not None:
+        raise UsageError(
+            "n_shards",
+            "n_shards applies to streaming=True only; shard a snapshot with "
+            "dataset.shard(...) or datasets.distributed.split_dataset_by_node.",
+        )
+    return _snapshot(plan, resolved, columns)
+
+
+__all__ = ["DEFAULT_BATCH_SIZE", "SupportsHFExport", "to_hf_dataset"]

@@ -1,0 +1,411 @@
+"""``BufferMixture``: several named replay buffers sampled as one, with a per-batch composition.
+
+A :class:`BufferMixture` is a torchrl ``ReplayBufferEnsemble`` built from named
+members (``members={"offline": rb_a, "online": rb_b}``; the order of the names
+gives each member its integer *source id*) and one composition:
+
+* ``fractions={"offline": 0.5, "online": 0.5}``: every batch holds exactly
+  ``fraction * batch_size`` items of each member (RLPD-style symmetric sampling);
+* ``weights={"offline": 1, "online": 3}``: each item's member is drawn at random
+  with these relative weights (torchrl's ``p``).
+
+Each member keeps its own storage, sampler and writer (a ``PrioritizedSampler``
+member next to uniform ones is fine). A draw is one flat ``[batch_size]``
+``TensorDict`` with, per item, ``"source"`` (the member's id, ``int64``),
+``"index"`` (the item's index in its member) and, when any member is prioritized,
+``"priority_weight"`` (``1.0`` for items of uniform members).
+
+Why the draw is not ``ReplayBufferEnsemble.sample``: in torchrl 0.14.1 it returns
+``[k, batch_size / k]`` batches, with a nested index, and raises when a
+prioritized member is mixed with a uniform one (its ``SamplerEnsemble`` stacks
+the members' sampler infos, whose keys differ). :meth:`BufferMixture.sample`
+therefore draws each member's share with that member's own ``sample`` (its own
+sampler and storage, the mixture's generator) and concatenates them; the
+composition is the one torchrl's ``SamplerEnsemble`` is built with
+(``sample_from_all`` for fractions, ``p`` for weights), which it also keeps.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer
+    >>> from rb_lightning import BufferMixture
+    >>> offline = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+    >>> online = TensorDictReplayBuffer(
+    ...     storage=LazyTensorStorage(100), sampler=PrioritizedSampler(100, 0.6, 0.4))
+    >>> _ = offline.extend(TensorDict({"x": torch.zeros(100)}, batch_size=[100]))
+    >>> _ = online.extend(TensorDict({"x": torch.ones(10)}, batch_size=[10]))
+    >>> mix = BufferMixture({"offline": offline, "online": online},
+    ...                     fractions={"offline": 0.5, "online": 0.5})
+    >>> batch = mix.sample(8)
+    >>> batch.batch_size, batch["source"].tolist(), mix.names
+    (torch.Size([8]), [0, 0, 0, 0, 1, 1, 1, 1], ['offline', 'online'])
+    >>> sorted(batch.keys())
+    ['index', 'priority_weight', 'source', 'x']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
+
+from rb_lightning import torchrl_compat
+from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
+from rb_lightning.sources.buffer_sources import BufferSource, SourceError
+from rb_lightning.stream.priorities import current_max_priority
+from rb_lightning.validation import check_replay_buffer
+
+#: The per-item column holding the member's integer id (its position in ``names``).
+SOURCE_KEY = "source"
+
+__all__ = ["SOURCE_KEY", "BufferMixture", "FillMembers"]
+
+
+def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise UsageError(
+            what,
+            f"BufferMixture({what}=...) names {unknown}, which are not members; the members "
+            f"are {names}. Give one {what[:-1]} per member name.",
+        )
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise UsageError(
+            what,
+            f"BufferMixture({what}=...) has no value for {missing}. Give one per member "
+            f"({names}), 0 to leave a member out of sampling.",
+        )
+    values = [float(given[name]) for name in names]
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise UsageError(
+            what,
+            f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0.",
+        )
+    return values
+
+
+class BufferMixture(ReplayBufferEnsemble):
+    """Named replay buffers sampled as one flat batch, with fixed fractions or random weights.
+
+    Args:
+        members: Name -> buffer. The names, in this order, are the source ids
+            ``0, 1, ...`` of the ``"source"`` column (:attr:`names`). Each member
+            should store ``TensorDict`` items with the same keys.
+
+    Keyword Args:
+        fractions: Name -> share of every batch, exactly: a member with fraction
+            ``f`` gives ``f * batch_size`` items of each batch, which must be a
+            whole number. Normalised to sum to 1.
+        weights: Name -> relative weight: each item of a batch comes from a
+            member drawn at random with these weights (the counts per batch vary).
+            With neither ``fractions`` nor ``weights``: equal fractions.
+
+    Writes go to a member (``mixture.member("online").extend(...)``, or
+    ``OnlineCollector(member="online")``); the mixture itself is read-only, as
+    torchrl's ensemble is.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> a = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+        >>> b = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+        >>> _ = a.extend(TensorDict({"x": torch.zeros(10)}, batch_size=[10]))
+        >>> _ = b.extend(TensorDict({"x": torch.ones(10)}, batch_size=[10]))
+        >>> mix = BufferMixture({"a": a, "b": b}, weights={"a": 1, "b": 3})
+        >>> mix.set_rng(torch.Generator().manual_seed(0))
+        >>> counts = mix.sample(400)["source"].bincount().tolist()
+        >>> 50 < counts[0] < 150, sum(counts), len(mix)
+        (True, 400, 20)
+    """
+
+    def __init__(
+        self,
+        members: Mapping[str, ReplayBuffer],
+        *,
+        fractions: Mapping[str, float] | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        if not isinstance(members, Mapping) or not members:
+            raise ArgumentTypeError(
+                "members",
+                "BufferMixture(members=...) takes a dict of name -> ReplayBuffer with at least "
+                f"one member, got {members!r}.",
+            )
+        if fractions is not None and weights is not None:
+            raise UsageError(
+                "fractions",
+                "BufferMixture takes fractions= (exact shares of every batch) or weights= "
+                "(random per item), not both.",
+            )
+        names = [str(name) for name in members]
+        buffers = [check_replay_buffer(rb, f"members[{name!r}]") for name, rb in members.items()]
+        if len({id(rb) for rb in buffers}) != len(buffers):
+            raise UsageError(
+                "members", "BufferMixture(members=...): each member must be a different buffer."
+            )
+        self._names = names
+        self._members = dict(zip(names, buffers, strict=False))
+        self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
+        if weights is None:
+            shares = _shares(names, fractions, "fractions") if fractions is not None else None
+            share_list = shares or [1.0] * len(names)
+            total = sum(share_list)
+            self._fractions: list[float] | None = [s / total for s in share_list]
+            self._weights: list[float] | None = None
+            super().__init__(*buffers, sample_from_all=True)
+        else:
+            raw = _shares(names, weights, "weights")
+            total = sum(raw)
+            self._fractions = None
+            self._weights = [w / total for w in raw]
+            super().__init__(*buffers, p=self._weights)
+
+    # -- members ----------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Member names; a name's position is its source id."""
+        return list(self._names)
+
+    @property
+    def members(self) -> dict[str, ReplayBuffer]:
+        """Name -> member buffer."""
+        return dict(self._members)
+
+    def member(self, name: str) -> ReplayBuffer:
+        """The member called ``name`` (a ``KeyError`` lists the names)."""
+        try:
+            return self._members[name]
+        except KeyError:
+            raise MissingKeyError(
+                "member", f"The mixture has no member {name!r}; its members are {self._names}."
+            ) from None
+
+    @property
+    def fractions(self) -> dict[str, float] | None:
+        """Name -> exact share of every batch (``None`` for a weighted mixture)."""
+        return (
+            None
+            if self._fractions is None
+            else dict(zip(self._names, self._fractions, strict=False))
+        )
+
+    @property
+    def weights(self) -> dict[str, float] | None:
+        """Name -> probability of each item (``None`` for a mixture with fixed fractions)."""
+        return (
+            None if self._weights is None else dict(zip(self._names, self._weights, strict=False))
+        )
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether any member samples with a ``PrioritizedSampler``."""
+        return any(self._prioritized)
+
+    def __len__(self) -> int:
+        """Items held by all members together."""
+        return sum(len(rb) for rb in self._members.values())
+
+    def set_rng(self, generator: torch.Generator | None) -> None:
+        """Sample every member, and the composition, with ``generator``."""
+        super().set_rng(generator)
+        if generator is None:  # torchrl's construction: members keep their own
+            return
+        for rb in self._members.values():
+            rb.set_rng(generator)
+
+    # -- sampling ---------------------------------------------------------------------------
+    def counts(self, batch_size: int) -> list[int]:
+        """Items of each member in the next batch of ``batch_size`` (draws for weights)."""
+        if self._fractions is not None:
+            exact = [f * batch_size for f in self._fractions]
+            counts = [round(c) for c in exact]
+            if any(abs(c - e) > 1e-6 for c, e in zip(counts, exact, strict=False)):
+                raise UsageError(
+                    "batch_size",
+                    f"BufferMixture(fractions={self.fractions}) with batch_size={batch_size} "
+                    f"gives {exact} items per member, not whole numbers. Choose a batch_size "
+                    "that every fraction divides into whole items (e.g. a multiple of 2 for "
+                    "50/50), or use weights= for random shares.",
+                )
+            return counts
+        probabilities = torch.tensor(self._weights, dtype=torch.float)
+        drawn = torch.multinomial(
+            probabilities, batch_size, True, generator=torchrl_compat.buffer_generator(self)
+        )
+        return drawn.bincount(minlength=len(self._names)).tolist()
+
+    def sample(  # flat batch; the info is also in its columns
+        self, batch_size: int | None = None, return_info: bool = False
+    ) -> Any:
+        """One flat batch of ``batch_size`` items, with ``"source"`` and ``"index"`` columns."""
+        if batch_size is None:
+            batch_size = torchrl_compat.default_batch_size(self)
+        if batch_size is None:
+            raise UsageError("batch_size", "BufferMixture.sample needs a batch_size.")
+        parts = []
+        for source, (name, count) in enumerate(
+            zip(self._names, self.counts(batch_size), strict=False)
+        ):
+            if count == 0:
+                continue
+            rb = self._members[name]
+            if len(rb) == 0:
+                raise BufferStateError(
+                    f"The mixture's member {name!r} is empty but its share of this batch is "
+                    f"{count} items. Fill it first (a source, or a collector's warm-up: "
+                    "OnlineCollector(member=..., init_random_frames=N))."
+                )
+            part, info = rb.sample(count, return_info=True)
+            if not isinstance(part, TensorDictBase):
+                raise ArgumentTypeError(
+                    "members",
+                    f"The mixture's member {name!r} returned a {type(part).__name__}; a "
+                    "BufferMixture mixes TensorDict items only (TensorDictReplayBuffer, or a "
+                    "ReplayBuffer over a tensor storage).",
+                )
+            index = torch.as_tensor(info["index"]).reshape(count)
+            part.set("index", index.to(part.device))
+            part.set(SOURCE_KEY, torch.full((count,), source, dtype=torch.long, device=part.device))
+            if self.prioritized:
+                weight = info.get("priority_weight")
+                weight = (
+                    torch.ones(count) if weight is None else torch.as_tensor(weight).reshape(count)
+                )
+                part.set("priority_weight", weight.to(part.device, torch.float))
+            parts.append(part)
+        keys = [sorted(map(str, p.keys(True, True))) for p in parts]
+        if any(k != keys[0] for k in keys[1:]):
+            raise MissingKeyError(
+                "members",
+                f"The mixture's members hold different keys ({dict(zip(self._names, keys, strict=False))}); "
+                "a batch concatenates them, so store the same keys in every member (e.g. "
+                "OnlineCollector(keys=[...]) as in the offline data).",
+            )
+        batch: TensorDictBase = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if return_info:
+            info = {"index": batch["index"], SOURCE_KEY: batch[SOURCE_KEY]}
+            if self.prioritized:
+                info["priority_weight"] = batch["priority_weight"]
+            return batch, info
+        return batch
+
+    def items(self, start: int = 0, stop: int | None = None) -> TensorDictBase:
+        """Stored items ``start:stop`` of the members laid end to end, with their ``"source"``.
+
+        Member by member in :attr:`names` order, each in storage order: the
+        mixture's content read once (no sampling), e.g. for a snapshot export.
+        """
+        stop = len(self) if stop is None else min(stop, len(self))
+        parts = []
+        offset = 0
+        for source, rb in enumerate(self._members.values()):
+            size = len(rb)
+            lo, hi = max(start - offset, 0), min(stop - offset, size)
+            if lo < hi:
+                part = rb[lo:hi]
+                part.set(SOURCE_KEY, torch.full((hi - lo,), source, dtype=torch.long))
+                parts.append(part)
+            offset += size
+        if not parts:
+            raise IndexError(f"items({start}, {stop}): the mixture holds {len(self)} items.")
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    # -- priorities -------------------------------------------------------------------------
+    def update_member_priority(
+        self, source: torch.Tensor, index: torch.Tensor, priority: torch.Tensor
+    ) -> None:
+        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``.
+
+        Items of members without a ``PrioritizedSampler`` are skipped.
+        """
+        source = torch.as_tensor(source).reshape(-1)
+        index = torch.as_tensor(index).reshape(-1)
+        priority = torch.as_tensor(priority).reshape(-1)
+        if not source.shape == index.shape == priority.shape:
+            raise UsageError(
+                "priority",
+                f"source, index and priority must have one value per item, got shapes "
+                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}.",
+            )
+        for member_id, name in enumerate(self._names):
+            if not self._prioritized[member_id]:
+                continue
+            mask = source == member_id
+            if bool(mask.any()):
+                self._members[name].update_priority(index[mask.to(index.device)], priority[mask])
+
+    def max_priority(self) -> float:
+        """The largest current max priority over the prioritized members (1.0 if none)."""
+        values = [
+            current_max_priority(rb)
+            for rb, prioritized in zip(self._members.values(), self._prioritized, strict=False)
+            if prioritized
+        ]
+        return max(values) if values else 1.0
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}={type(rb.sampler).__name__}(len={len(rb)})"
+            for name, rb in self._members.items()
+        )
+        share = f"fractions={self.fractions}" if self._fractions else f"weights={self.weights}"
+        return f"BufferMixture({parts}; {share})"
+
+
+class FillMembers(BufferSource):
+    """A source that fills members of a :class:`BufferMixture`, each from its own source.
+
+    ``ReplayBufferDataModule(mixture, source=FillMembers({"offline": LoadDirectory(dir)}))``
+    loads the offline member before fit and leaves the others (e.g. the one a
+    collector fills) as they are.
+
+    Args:
+        sources: Member name -> :class:`~rb_lightning.sources.BufferSource`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from rb_lightning.sources.buffer_sources import CallSource
+        >>> a = TensorDictReplayBuffer(storage=LazyTensorStorage(4))
+        >>> b = TensorDictReplayBuffer(storage=LazyTensorStorage(4))
+        >>> mix = BufferMixture({"a": a, "b": b})
+        >>> FillMembers({}).fill(mix)  # nothing to fill
+        >>> len(mix)
+        0
+    """
+
+    def __init__(self, sources: Mapping[str, BufferSource]) -> None:
+        for name, source in sources.items():
+            if not isinstance(source, BufferSource):
+                raise ArgumentTypeError(
+                    "sources",
+                    f"FillMembers(sources={{{name!r}: ...}}) must be a BufferSource "
+                    f"(LoadDirectory, CallSource), got {type(source).__name__}.",
+                )
+        self.sources = dict(sources)
+
+    def fill(self, replay_buffer: ReplayBuffer) -> None:
+        """Fill each named member of ``replay_buffer`` (a :class:`BufferMixture`)."""
+        if not isinstance(replay_buffer, BufferMixture):
+            raise SourceError(
+                "FillMembers fills members of a BufferMixture, but the DataModule's "
+                f"replay_buffer is a {type(replay_buffer).__name__}. Use a plain source "
+                "(LoadDirectory) for a single buffer."
+            )
+        for name, source in self.sources.items():
+            if name not in replay_buffer.names:
+                raise SourceError(
+                    f"FillMembers(sources=...) names the member {name!r}; the mixture's members "
+                    f"are {replay_buffer.names}."
+                )
+            source.fill(replay_buffer.member(name))
+
+    def __repr__(self) -> str:
+        return f"FillMembers({self.sources!r})"

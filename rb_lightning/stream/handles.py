@@ -1,0 +1,492 @@
+"""Buffer handles: what kind of buffer a run trains from, decided once.
+
+A replay buffer reaches the DataModule as one of four kinds, and each kind
+samples, takes priorities, checkpoints and meets DataLoader workers in its own
+way. :func:`resolve_buffer` is the one place that looks at the kind; it returns
+a :class:`BufferHandle` and everything else (the DataModule, the stream, the
+collector, the Hugging Face export) talks to that interface only:
+
+============================  ===================  =========================================
+given                         handle               checkpointed
+============================  ===================  =========================================
+a ``ReplayBuffer``            :class:`LocalBuffer`   in the ``.ckpt`` or beside it
+the same, under DDP           :class:`RankBuffers`   one dump per rank, beside the ``.ckpt``
+a Ray-served buffer           :class:`RemoteBuffer`  by its actor, once, beside the ``.ckpt``
+a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
+============================  ===================  =========================================
+
+A new kind of buffer (sharded, rate-limited) is a new handle here, not a new
+branch in every module that uses a buffer.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+    >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+    >>> handle = resolve_buffer(rb)
+    >>> type(handle).__name__, len(handle), handle.describe()
+    ('LocalBuffer', 8, 'ReplayBuffer(len=8, storage=LazyTensorStorage, sampler=RandomSampler)')
+    >>> type(resolve_buffer(rb, world_size=2)).__name__
+    'RankBuffers'
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from typing import Any, ClassVar
+
+import torch
+from tensordict import MemoryMappedTensor, TensorDictBase
+from tensordict.utils import NestedKey
+from torchrl.data import ListStorage, ReplayBuffer, ReplayBufferEnsemble, TensorStorage
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+from rb_lightning import torchrl_compat
+from rb_lightning.checkpoint.components import ensure_generator
+from rb_lightning.checkpoint.manifest import Verify
+from rb_lightning.checkpoint.state import (
+    buffer_state,
+    mixture_state,
+    rank_buffer_state,
+    restore_buffer_state,
+    restore_mixture_state,
+)
+from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
+from rb_lightning.distributed.ray_checkpoint import remote_buffer_state, restore_remote_buffer_state
+from rb_lightning.errors import MissingKeyError, UsageError
+from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.stream.device_prefetch import check_device_storage, storage_device
+from rb_lightning.stream.loader import LoaderOptions
+from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
+from rb_lightning.stream.sharding import is_remote
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BufferHandle",
+    "LocalBuffer",
+    "MixtureBuffer",
+    "RankBuffers",
+    "RemoteBuffer",
+    "resolve_buffer",
+]
+
+
+def resolve_buffer(replay_buffer: ReplayBuffer, *, world_size: int = 1) -> BufferHandle:
+    """The handle for ``replay_buffer``: the only function that asks which kind it is.
+
+    Args:
+        replay_buffer: A torchrl ``ReplayBuffer``, a Ray-served buffer or a
+            :class:`~rb_lightning.BufferMixture`.
+        world_size: Processes training together (DDP): above 1, an in-process
+            buffer is one of :class:`RankBuffers`.
+
+    Raises:
+        UsageError: A torchrl ``ReplayBufferEnsemble`` that is not a
+            ``BufferMixture`` (its nested batches cannot be routed).
+    """
+    if isinstance(replay_buffer, BufferMixture):
+        return MixtureBuffer(replay_buffer)
+    if isinstance(replay_buffer, ReplayBufferEnsemble):
+        raise UsageError(
+            "replay_buffer",
+            "A torchrl ReplayBufferEnsemble samples [k, batch_size / k] batches with a nested "
+            "index, which nothing here can route priorities or checkpoints through. Build "
+            "the same members as rb_lightning.BufferMixture({'a': rb_a, 'b': rb_b}, "
+            "fractions={'a': 0.5, 'b': 0.5}) (or weights=...): flat batches with a 'source' "
+            "column, priorities and resume per member.",
+        )
+    if is_remote(replay_buffer):
+        return RemoteBuffer(replay_buffer)
+    if world_size > 1:
+        return RankBuffers(replay_buffer)
+    return LocalBuffer(replay_buffer)
+
+
+def _in_shared_memory(storage: TensorStorage) -> bool:
+    """Whether a tensor storage's rows live in shared memory or memory-mapped files."""
+    rows = torchrl_compat.storage_content(storage)
+    if rows is None:  # not initialised: each process would allocate its own rows
+        return False
+    if isinstance(rows, TensorDictBase):
+        return rows.is_shared() or rows.is_memmap()
+    return isinstance(rows, MemoryMappedTensor) or (
+        isinstance(rows, torch.Tensor) and rows.is_shared()
+    )
+
+
+class BufferHandle:
+    """One replay buffer as a training run uses it, whatever serves it.
+
+    Args:
+        replay_buffer: The buffer the user gave (kept as it is: the handle adds
+            no state of its own).
+    """
+
+    #: Whether this process draws its own samples (``False``: a shared actor
+    #: samples for every process, so per-process seeds do not apply).
+    samples_in_process: ClassVar[bool] = True
+
+    def __init__(self, replay_buffer: ReplayBuffer) -> None:
+        self.replay_buffer = replay_buffer
+
+    def __len__(self) -> int:
+        return len(self.replay_buffer)
+
+    def describe(self) -> str:
+        """The buffer in one phrase, for logs and error messages."""
+        rb = self.replay_buffer
+        return (
+            f"{type(rb).__name__}(len={len(rb)}, storage={type(rb.storage).__name__}, "
+            f"sampler={type(rb.sampler).__name__})"
+        )
+
+    @property
+    def source_names(self) -> list[str] | None:
+        """Names of the members behind ``batch["source"]`` ids (``None``: one buffer)."""
+        return None
+
+    def in_process_buffers(self) -> list[ReplayBuffer]:
+        """The torchrl buffers this process holds and samples (none for a remote one)."""
+        return [self.replay_buffer]
+
+    def read(self, start: int, stop: int) -> Any:
+        """Stored items ``start:stop`` in storage order (a slice: no copy of string items)."""
+        return self.replay_buffer[start:stop]
+
+    def capacity(self) -> int | None:
+        """Items the buffer can hold (a mixture: its largest member); ``None``: unknown."""
+        sizes = [getattr(rb.storage, "max_size", None) for rb in self.in_process_buffers()]
+        known = [int(size) for size in sizes if isinstance(size, int)]
+        return max(known) if known else None
+
+    # -- checks and preparation -------------------------------------------------------------
+    def check_options(self, batch_size: int, loader: LoaderOptions) -> None:
+        """Raise :class:`UsageError` for options this buffer cannot be served with."""
+        self.check_num_workers(loader.num_workers)
+        self.check_batch_size(batch_size)
+        # A lazy storage with device="auto" learns its device at the first write: checked
+        # again when the train loader is built.
+        check_device_storage(
+            self.storage_device(),
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            prefetch_to_device=loader.prefetch_to_device is not False,
+        )
+
+    def check_num_workers(self, num_workers: int) -> None:
+        """Raise :class:`UsageError` if ``num_workers`` DataLoader workers cannot sample it."""
+        if num_workers == 0:
+            return
+        rb = self.replay_buffer
+        if isinstance(rb.sampler, PrioritizedSampler):
+            raise UsageError(
+                "num_workers",
+                "num_workers>0 with a PrioritizedSampler: each worker samples its own copy of "
+                "the sampler, so priority updates made in training_step never reach it. Use "
+                "num_workers=0 (sampling in-process is fast; see benchmarks/).",
+            )
+        spawn = mp.get_start_method(allow_none=True) != "fork"
+        if spawn and isinstance(rb.storage, ListStorage):
+            raise UsageError(
+                "num_workers",
+                "num_workers>0 with a ListStorage: spawned worker processes cannot share a "
+                "ListStorage. Use LazyTensorStorage (call rb.share() first for live updates) or "
+                "LazyMemmapStorage, or num_workers=0.",
+            )
+        if (
+            not spawn
+            and isinstance(rb.storage, TensorStorage)
+            and not _in_shared_memory(rb.storage)
+        ):
+            raise UsageError(
+                "num_workers",
+                "num_workers>0 with the fork start method and a storage outside shared memory: "
+                "forked workers keep a copy-on-write snapshot of the rows but share the length "
+                "counter, so they would read rows the main process writes later as garbage. "
+                "Use the spawn start method (torchrl's default), a LazyMemmapStorage filled "
+                "before fit, or num_workers=0.",
+            )
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise :class:`UsageError` if the buffer cannot be trained from by ``world_size`` ranks."""
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Refuse a prefetching buffer whose own batch size differs from ``batch_size``.
+
+        A prefetching buffer samples ahead with its own ``batch_size`` and returns
+        those batches whatever size ``sample()`` asks for (torchrl only warns).
+        """
+        rb = self.replay_buffer
+        own = torchrl_compat.default_batch_size(rb)
+        if torchrl_compat.has_prefetch(rb) and own != batch_size:
+            raise UsageError(
+                "batch_size",
+                f"The replay buffer prefetches batches of its own batch_size={own}, but the "
+                f"DataModule asks for batch_size={batch_size}; the buffer would silently "
+                f"return batches of {own}. Give the buffer batch_size={batch_size} too.",
+            )
+
+    def storage_device(self) -> torch.device | None:
+        """Where the stored rows live (``None`` while unknown)."""
+        return storage_device(self.replay_buffer)
+
+    def stored_keys(self) -> set[NestedKey] | None:
+        """The leaf keys of a stored item, plus columns added when sampling; ``None``: unknown yet."""
+        rb = self.replay_buffer
+        if len(rb) == 0:
+            return None
+        return set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
+
+    def check_keys(self, keys: list[NestedKey] | None) -> None:
+        """Raise :class:`UsageError` if one of ``keys`` is in none of the stored items.
+
+        Quiet while nothing is stored (a collector fills the buffer later): the
+        first sample checks then.
+        """
+        stored = None if keys is None else self.stored_keys()
+        if stored is None:
+            return
+        missing = [k for k in keys or () if k not in stored and k not in SAMPLER_INFO_KEYS]
+        if missing:
+            raise UsageError(
+                "keys",
+                f"keys={keys!r}: {missing!r} not found in the replay buffer's items, which "
+                f"have {sorted(stored, key=str)!r}. Fix the names (nested keys are tuples, "
+                "('next', 'reward')) or pass keys=None to keep every key.",
+            )
+
+    def prepare(self, num_workers: int) -> None:
+        """Make the buffer ready to train from: its own generator, shared with workers.
+
+        Both change the user's buffer, so they happen in ``setup``, not when the
+        DataModule is built: sampling must draw from a generator a checkpoint can
+        restore (not the global RNG), and workers need a process-shared write lock.
+        """
+        ensure_generator(self.replay_buffer)
+        rb = self.replay_buffer
+        if num_workers == 0 or not isinstance(rb.storage, TensorStorage) or rb.shared:
+            return
+        # torchrl publishes a new length before it copies the rows; only the buffer's
+        # process-shared write lock (taken by writes and by samples) keeps workers from
+        # reading rows that are not written yet, and rb.share() installs that lock.
+        rb.share()
+        logger.info(
+            "ReplayBufferDataModule(num_workers=%d) called rb.share() on the replay buffer: "
+            "its write lock is now process-shared, so the %d worker processes never read rows "
+            "a write has not finished.",
+            num_workers,
+            num_workers,
+        )
+
+    # -- sampling and writing ---------------------------------------------------------------
+    def reseed(self, seed: int) -> None:
+        """Sample from now on with a new generator seeded with ``seed``."""
+        self.replay_buffer.set_rng(torch.Generator().manual_seed(int(seed)))
+
+    def writer(self, member: str | None = None) -> ReplayBuffer:
+        """The buffer a collector extends; ``member`` names one of a mixture's."""
+        if member is not None:
+            raise UsageError(
+                "member",
+                f"OnlineCollector(member={member!r}) names a member of a BufferMixture, but "
+                f"the replay buffer is a {type(self.replay_buffer).__name__}. Drop member, or "
+                "train with a BufferMixture.",
+            )
+        return self.replay_buffer
+
+    def update_priority(
+        self, batch: TensorDictBase, priority: torch.Tensor, *, invalid: InvalidPriority, where: str
+    ) -> int:
+        """Write ``priority`` for the items of ``batch``; return how many were replaced."""
+        rb = self.replay_buffer
+        # Where the sampler keeps its priorities: torchrl's PrioritizedSampler reports its
+        # segment trees' device (CUDA trees for a CUDA storage, when torchrl was built with
+        # CUDA; else CPU). Moving there once avoids a round trip through the other device.
+        tree_device = getattr(getattr(rb, "sampler", None), "device", None)
+        tree_device = torch.device(tree_device) if tree_device is not None else torch.device("cpu")
+        priority = torch.as_tensor(priority).detach().to(tree_device)
+        checked = check_priority(
+            priority, invalid=invalid, replacement=lambda: current_max_priority(rb), where=where
+        )
+        replaced = 0 if checked is priority else int((checked != priority).sum())
+        rb.update_priority(batch["index"].to(tree_device), checked)
+        return replaced
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """The buffer's part of a checkpoint (content, sampler, writer, generator, read-ahead)."""
+        return buffer_state(
+            self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
+        )
+
+    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first."""
+        return restore_buffer_state(
+            self.replay_buffer,
+            state,
+            trainer.ckpt_path if trainer is not None else None,
+            rank=trainer.global_rank if trainer is not None else 0,
+            world_size=trainer.world_size if trainer is not None else 1,
+            verify=verify,
+        )
+
+
+class LocalBuffer(BufferHandle):
+    """A torchrl ``ReplayBuffer`` sampled in this process, the only one training."""
+
+
+class RankBuffers(BufferHandle):
+    """One in-process buffer per DDP rank: each rank samples, and checkpoints, its own."""
+
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """Every rank's buffer, dumped by its rank beside the ``.ckpt`` (collective)."""
+        return rank_buffer_state(self.replay_buffer, trainer, pending_batches=pending_batches)
+
+
+class RemoteBuffer(BufferHandle):
+    """A buffer served by a Ray actor that every process (rank, worker) shares."""
+
+    samples_in_process: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        rb = self.replay_buffer
+        return f"{type(rb).__name__}(len={len(rb)}, served by a {rb.service_backend} actor)"
+
+    def in_process_buffers(self) -> list[ReplayBuffer]:
+        return []
+
+    def check_num_workers(self, num_workers: int) -> None:
+        if num_workers > 0:
+            raise UsageError(
+                "num_workers",
+                f"num_workers>0 with a {self.replay_buffer.service_backend}-backed replay "
+                "buffer: it samples in its own actor, so worker processes add nothing but "
+                "another connection. Use num_workers=0.",
+            )
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """The actor samples whatever size each call asks for."""
+
+    def storage_device(self) -> torch.device | None:
+        return None  # the storage lives in the actor
+
+    def stored_keys(self) -> set[NestedKey] | None:
+        return None  # reading an item would be a round trip; checked at the first sample
+
+    def prepare(self, num_workers: int) -> None:
+        """Nothing to prepare: the actor owns the sampler and its generator."""
+
+    def reseed(self, seed: int) -> None:
+        """Left alone: re-seeding the one shared sampler from each process would reset it."""
+
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """The actor dumps itself beside the ``.ckpt``, on behalf of global rank 0 only."""
+        return remote_buffer_state(self.replay_buffer, trainer)
+
+    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+        """Rank 0 loads the actor; every rank waits for it before sampling (collective)."""
+        path = trainer.ckpt_path if trainer is not None else None
+        restore_remote_buffer_state(self.replay_buffer, state, path, trainer, verify=verify)
+        return []
+
+
+class MixtureBuffer(BufferHandle):
+    """A :class:`~rb_lightning.BufferMixture`: several named buffers sampled as one."""
+
+    replay_buffer: BufferMixture
+
+    def describe(self) -> str:
+        members = ", ".join(f"{name}={len(rb)}" for name, rb in self.replay_buffer.members.items())
+        return f"BufferMixture({members})"
+
+    @property
+    def source_names(self) -> list[str] | None:
+        return self.replay_buffer.names
+
+    def in_process_buffers(self) -> list[ReplayBuffer]:
+        return list(self.replay_buffer.members.values())
+
+    def read(self, start: int, stop: int) -> Any:
+        """Items ``start:stop`` of the members in turn, with their ``"source"`` column."""
+        return self.replay_buffer.items(start, stop)
+
+    def check_num_workers(self, num_workers: int) -> None:
+        if num_workers > 0:
+            raise UsageError(
+                "num_workers",
+                f"ReplayBufferDataModule(num_workers={num_workers}) with a BufferMixture: "
+                "each worker would sample its own copy of every member, so the online member's "
+                "new items, priority updates and the mixture's exact resume would not reach "
+                "them. Use num_workers=0 (in a config: data.init_args.num_workers: 0); a "
+                "mixture samples in the training process.",
+            )
+
+    def check_world_size(self, world_size: int) -> None:
+        if world_size > 1:
+            raise UsageError(
+                "replay_buffer",
+                f"A BufferMixture as replay_buffer with {world_size} processes (DDP): its "
+                "checkpoint holds one copy of each member, not one per rank, so a resumed run "
+                "could not give each rank its own. Train a mixture in one process "
+                "(trainer.devices: 1), or give each rank a single buffer.",
+            )
+
+    def stored_keys(self) -> set[NestedKey] | None:
+        # Every member holds the same keys: read them from a filled one.
+        filled = next((m for m in self.replay_buffer.members.values() if len(m) > 0), None)
+        if filled is None:
+            return None
+        return set(leaf_keys(filled[torch.zeros(1, dtype=torch.long)])) | {SOURCE_KEY}
+
+    def prepare(self, num_workers: int) -> None:
+        ensure_generator(self.replay_buffer)  # one generator for every member
+
+    def writer(self, member: str | None = None) -> ReplayBuffer:
+        names = self.replay_buffer.names
+        if member is None:
+            raise UsageError(
+                "member",
+                f"OnlineCollector writes to one buffer, and the replay buffer is a "
+                f"BufferMixture of {names}. Name the member to fill: "
+                f"OnlineCollector(member={names[-1]!r}) (in a config: "
+                f"init_args.member: {names[-1]}).",
+            )
+        if member not in names:
+            raise UsageError(
+                "member",
+                f"OnlineCollector(member={member!r}): the mixture has no such member; "
+                f"its members are {names}.",
+            )
+        return self.replay_buffer.member(member)
+
+    def update_priority(
+        self, batch: TensorDictBase, priority: torch.Tensor, *, invalid: InvalidPriority, where: str
+    ) -> int:
+        if SOURCE_KEY not in batch.keys():
+            raise MissingKeyError(
+                "keys",
+                f"The batch has no {SOURCE_KEY!r} key, which routes each item's priority to its "
+                f"member of the mixture. Keep it: keys=None or keys including {SOURCE_KEY!r}.",
+            )
+        mixture = self.replay_buffer
+        priority = torch.as_tensor(priority).detach().cpu()
+        checked = check_priority(
+            priority, invalid=invalid, replacement=mixture.max_priority, where=where
+        )
+        replaced = 0 if checked is priority else int((checked != priority).sum())
+        mixture.update_member_priority(batch[SOURCE_KEY].cpu(), batch["index"].cpu(), checked)
+        return replaced
+
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """Each member saved as one buffer is; the read-ahead batches with the first member."""
+        return mixture_state(
+            self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
+        )
+
+    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+        """Every member verified before any member is loaded."""
+        path = trainer.ckpt_path if trainer is not None else None
+        return restore_mixture_state(self.replay_buffer, state, path, verify=verify)

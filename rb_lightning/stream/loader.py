@@ -1,0 +1,239 @@
+"""Loaders that hand whole sampled batches to a training loop.
+
+:func:`batch_loader` wraps a dataset that yields whole batches;
+:class:`ResumableBatchLoader` also reports and restores the stream position
+(:class:`~rb_lightning.stream.state.StreamState`) through Lightning's
+``state_dict`` / ``load_state_dict`` of the train loader.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader, IterableDataset
+
+from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.stream.device_prefetch import CopyEngine, DevicePrefetcher
+from rb_lightning.stream.state import StreamState
+from rb_lightning.validation import check_non_negative_int
+
+
+def keep_batch(batch: Any) -> Any:
+    """``collate_fn`` for loaders of whole batches: hand the batch over unchanged.
+
+    ``DataLoader(batch_size=None)`` would otherwise run ``default_convert``,
+    which treats a ``TensorDict`` as a plain mapping and breaks it apart.
+    """
+    return batch
+
+
+class _InProcessBatches:
+    """Iterator of a :class:`_BatchLoader` without workers: the dataset's batches, collated."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        # Draw the per-iterator seed a DataLoader iterator draws, so the global RNG
+        # stream (which a buffer without its own generator samples from) is the same.
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        self._batches = iter(loader.dataset)
+        self._collate = None if loader.collate_fn is keep_batch else loader.collate_fn
+
+    def __iter__(self) -> _InProcessBatches:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._batches)
+        return batch if self._collate is None else self._collate(batch)
+
+    def __reduce__(self) -> Any:
+        # Like torch's loader iterators, an iterator in flight is not carried over
+        # when pickled (Lightning drops those too): it unpickles as an empty one.
+        return (iter, ((),))
+
+
+class _BatchLoader(DataLoader):
+    """The ``DataLoader`` :func:`batch_loader` returns.
+
+    In-process (no workers, no pinning) it hands the dataset's batches straight
+    over: torch's single-process iterator costs ~20 us a batch (profiler
+    annotation, sampler and fetcher hops), a fifth of a small ``rb.sample``.
+    With workers or pinning it is a plain ``DataLoader``.
+    """
+
+    # torch annotates DataLoader.__iter__ with its private _BaseDataLoaderIter, which no
+    # subclass can return without re-implementing it; callers only use next().
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        direct = (
+            self.num_workers == 0
+            and not self.pin_memory
+            and self.batch_size is None
+            and isinstance(self.dataset, IterableDataset)
+        )
+        return _InProcessBatches(self) if direct else super().__iter__()
+
+
+def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
+    """A ``DataLoader`` for a dataset that yields whole batches.
+
+    Sets ``batch_size=None`` and ``collate_fn=keep_batch``; other keyword
+    arguments (``num_workers``, ``pin_memory``, ...) go to ``DataLoader``.
+    Without workers, batches skip torch's per-batch loader machinery (see
+    ``benchmarks/throughput.py``).
+    """
+    return _BatchLoader(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How batches reach the step: DataLoader workers, pinned memory, device prefetch.
+
+    Checked when built; see :class:`~rb_lightning.ReplayBufferDataModule` for each.
+
+    Examples:
+        >>> LoaderOptions(num_workers=2).dataloader_kwargs()
+        {'num_workers': 2, 'pin_memory': False, 'persistent_workers': False}
+        >>> LoaderOptions(persistent_workers=True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.UsageError: persistent_workers=True needs num_workers > 0...
+    """
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_to_device: bool | CopyEngine = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "num_workers", check_non_negative_int(self.num_workers, "num_workers")
+        )
+        if self.persistent_workers and self.num_workers == 0:
+            raise UsageError(
+                "persistent_workers",
+                "persistent_workers=True needs num_workers > 0: there are no workers to keep. "
+                "Drop persistent_workers, or set num_workers.",
+            )
+        if not isinstance(self.prefetch_to_device, (bool, CopyEngine)):
+            raise ArgumentTypeError(
+                "prefetch_to_device",
+                "prefetch_to_device must be True, False or a rb_lightning.stream.device_prefetch."
+                f"CopyEngine, got {type(self.prefetch_to_device).__name__}.",
+            )
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The ``DataLoader`` arguments among these options."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": bool(self.pin_memory),
+            "persistent_workers": bool(self.persistent_workers),
+        }
+
+
+class _TrackedBatches:
+    """Iterator of a :class:`ResumableBatchLoader`: replays restored batches, records each one."""
+
+    def __init__(
+        self,
+        stream: StreamState,
+        batches: Iterator[Any],
+        replay: list[Any],
+        prefetcher: DevicePrefetcher | None = None,
+    ) -> None:
+        self._stream = stream
+        self._batches = batches
+        self._replay = deque(replay)
+        self._prefetcher = prefetcher
+
+    def __iter__(self) -> _TrackedBatches:
+        return self
+
+    def __next__(self) -> Any:
+        batch = self._replay.popleft() if self._replay else next(self._batches)
+        self._stream.handed_out(batch)  # the host batch: what a checkpoint saves as read-ahead
+        if self._prefetcher is not None:
+            # Lightning reads one batch ahead: this copy runs while the current step runs.
+            self._prefetcher.submit(batch)
+        return batch
+
+    def __reduce__(self) -> Any:
+        return (iter, ((),))  # like _InProcessBatches: not carried over when pickled
+
+
+class ResumableBatchLoader(_BatchLoader):
+    """A :func:`batch_loader` whose stream position is checkpointed state.
+
+    Lightning saves the train loader's ``state_dict()`` in the checkpoint and
+    hands it back to ``load_state_dict()`` on resume (so it does not warn that
+    the loader is "not resumable"). The state lives in a :class:`StreamState`
+    shared by every loader its owner builds (one per epoch with
+    ``reload_dataloaders_every_n_epochs``).
+
+    Args:
+        dataset: A :class:`ReplayBufferBatchDataset` built with ``cursor=stream.cursor``.
+        stream: The stream state this loader reports and restores.
+
+    Keyword Args:
+        prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that starts
+            the device copy of each batch as it is handed out (``None``: no prefetching).
+            Batches are drawn when they would be without it; only their copy starts early.
+        **loader_kwargs: ``num_workers``, ``pin_memory``, ... as for :func:`batch_loader`.
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        stream: StreamState,
+        *,
+        prefetcher: DevicePrefetcher | None = None,
+        **loader_kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
+        self.stream = stream
+        self.prefetcher = prefetcher
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # see _BatchLoader
+        replay = self.stream.begin_iterator()  # before workers (re)start: they read the cursor
+        if self.prefetcher is not None:
+            self.prefetcher.clear()  # copies of an earlier iterator's read-ahead: never used
+        return _TrackedBatches(self.stream, super().__iter__(), replay, self.prefetcher)
+
+    def state_dict(self) -> dict[str, int]:
+        """The stream position (see :meth:`StreamState.state_dict`)."""
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Resume the stream at a position saved by :meth:`state_dict`."""
+        self.stream.load_state_dict(state_dict)
+
+
+def model_dataloader(trainer: Any, hook: str, argument: str) -> Any:
+    """The LightningModule's own ``hook()`` loader (``val_dataloader``, ``test_dataloader``).
+
+    Lightning reads every loader from an attached DataModule, so a DataModule
+    with ``eval_from_model=True`` hands over the model's own (e.g. the greedy
+    evaluation episodes of :class:`rb_lightning.rl.DQN`). ``argument`` is the
+    DataModule buffer that would otherwise feed it, named in the error.
+    """
+    module = trainer.lightning_module if trainer is not None else None
+    if module is None or not is_overridden(hook, module):
+        raise UsageError(
+            "eval_from_model",
+            f"ReplayBufferDataModule(eval_from_model=True) hands {hook}() over to the "
+            f"LightningModule, but {type(module).__name__} does not define {hook}(). "
+            f"Give the DataModule a {argument} (and a source to fill it) instead, or "
+            "use a module that evaluates itself (rb_lightning.rl.DQN / SAC).",
+        )
+    return getattr(module, hook)()
+
+
+__all__ = [
+    "LoaderOptions",
+    "ResumableBatchLoader",
+    "batch_loader",
+    "keep_batch",
+    "model_dataloader",
+]

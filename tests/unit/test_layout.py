@@ -1,0 +1,53 @@
+"""The package's shape stays readable: small modules, a thin DataModule, one place that asks
+what kind of buffer it was given, no frame inspection.
+
+Read from the source, so a change that breaks the shape fails here, not in a review.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rb_lightning"
+MAX_LINES = 500
+DATAMODULE_MAX_LINES = 350
+#: Only the buffer handles decide what kind of buffer they were given.
+KIND_TESTS = re.compile(r"\bis_remote\(|isinstance\([^)]*\bBufferMixture\b|ReplayBufferEnsemble\)")
+KIND_RESOLVER = {"stream/handles.py", "stream/sharding.py"}  # the resolver, the definition
+#: A source given to FillMembers must be a mixture to have members: a check of its argument.
+ARGUMENT_CHECKS = {"sources/mixture.py"}
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in _modules()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these modules by job: {long}"
+
+
+def test_the_datamodule_is_thin():
+    lines = len((PACKAGE / "datamodule.py").read_text().splitlines())
+    assert lines < DATAMODULE_MAX_LINES, f"datamodule.py has {lines} lines"
+
+
+def test_only_the_handles_ask_which_kind_of_buffer_it_is():
+    found = [
+        f"{p.relative_to(PACKAGE)}:{number}"
+        for p in _modules()
+        if str(p.relative_to(PACKAGE)) not in KIND_RESOLVER | ARGUMENT_CHECKS
+        for number, line in enumerate(p.read_text().splitlines(), 1)
+        if KIND_TESTS.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, f"ask the buffer handle (rb_lightning.stream.handles) instead: {found}"
+
+
+def test_no_frame_inspection():
+    found = [str(p.relative_to(PACKAGE)) for p in _modules() if "_getframe" in p.read_text()]
+    assert not found, found
