@@ -8,10 +8,11 @@ Each training step, at policy version ``v`` (the optimizer steps done so far):
 2. scores them with the reward functions (``"module:function"`` paths, TRL's
    reward signature ``f(completions, prompts=...) -> list[float]``, summed),
    and computes group-relative advantages ``(r - mean_group) / (std_group + 1e-4)``;
-3. writes the whole groups into the DataModule's buffer: ``prompt``,
-   ``completion``, ``input_ids``, ``attention_mask``, ``completion_mask``,
-   ``reward``, ``advantage``, ``group``, the behaviour policy's per-token
-   ``behaviour_log_probs`` and ``policy_version = v``;
+3. writes the whole groups into the DataModule's buffer: ``input_ids``,
+   ``attention_mask``, ``completion_mask``, ``reward``, ``advantage``, ``group``,
+   the behaviour policy's per-token ``behaviour_log_probs``,
+   ``policy_version = v`` (and the ``prompt`` / ``completion`` strings with
+   ``store_text=True``);
 4. only then takes its batch from the DataModule (``training_step`` receives the
    loader's iterator, so Lightning reads no batch ahead), sampled by a
    :class:`~rb_lightning.llm.groups.GroupSampler` whose ``consumer_version`` it
@@ -26,11 +27,23 @@ Each training step, at policy version ``v`` (the optimizer steps done so far):
 ``val_buffer`` / ``test_buffer`` and log ``val_accuracy`` / ``test_accuracy``.
 
 Examples:
-    See ``configs/llm_grpo.yaml``::
+    From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md)::
 
-        python train.py fit --config configs/llm_sft.yaml          # SFT start
+        python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
         python train.py fit --config configs/llm_grpo.yaml \\
             --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
+
+    One step's groups, in Python:
+
+    >>> from transformers import LlamaConfig
+    >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, pad_token_id=0, eos_token_id=1)
+    >>> module = GRPOModule(config, num_generations=4, prompts_per_step=2)
+    >>> groups = module.generate_groups(step=0)
+    >>> groups["group"].tolist(), groups["policy_version"].unique().tolist()
+    ([0, 0, 0, 0, 1, 1, 1, 1], [0])
+    >>> sorted(groups.keys())[:4]
+    ['advantage', 'attention_mask', 'behaviour_log_probs', 'completion']
 """
 
 from __future__ import annotations
