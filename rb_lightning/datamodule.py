@@ -177,6 +177,7 @@ class ReplayBufferDataModule(LightningDataModule):
             self.loader_options,
             progress=self._fit_loop_progress,
             rate_limiter=self.rate_limiter,
+            consumer_version=self._policy_version,
         )
         # Lightning runs a loop for an overridden hook: bind val/test only with data behind.
         self.eval_from_model = bool(eval_from_model)
@@ -207,6 +208,9 @@ class ReplayBufferDataModule(LightningDataModule):
 
     def _fit_loop_progress(self) -> tuple[int, bool] | None:  # a method, so it pickles
         return fit_loop_progress(self.trainer)
+
+    def _policy_version(self) -> int:  # the learner's version: optimizer steps taken
+        return self.trainer.global_step if self.trainer is not None else 0
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -19,6 +19,7 @@ from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning.errors import ArgumentTypeError, UsageError
+from rb_lightning.policy_version import POLICY_VERSION_KEY
 from rb_lightning.rl.envs import make_gym_env
 from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
@@ -45,8 +46,11 @@ class OnlineCollector(Callback):
       items (rounded up to equal chunks of at most 1000 frames). A buffer that
       already holds them, e.g. restored on resume, gets no warm-up.
     * ``on_train_batch_end`` of every ``every_n_steps``-th batch:
-      ``frames_per_step`` frames with the module's policy. The ratio of
-      collected frames to gradient steps is ``frames_per_step / every_n_steps``.
+      ``frames_per_step`` frames with the module's policy; with the DataModule's
+      ``rate_limiter``, instead, a batch's worth whenever the limiter asks.
+
+    Every frame carries ``policy_version``, the optimizer step whose weights acted
+    (stored unless ``keys`` leaves it out; ``StalenessAwareSampler`` gates on it).
 
     The policy is ``pl_module.collection_policy()``: a ``TensorDictModule``
     that reads the environment's observation keys and writes its action (with
@@ -55,10 +59,8 @@ class OnlineCollector(Callback):
     copy it (the environment lives elsewhere), the copy is refreshed with
     ``collector.update_policy_weights_`` after each optimizer step.
 
-    Logged with ``pl_module.log``: ``episode_return`` (mean over the last
-    ``return_window`` finished episodes, shown in the progress bar),
-    ``buffer_size``, ``frames`` (collected so far) and ``samples_per_s``
-    (training samples drawn per second of wall time since the last log).
+    Logged: ``episode_return`` (mean of the last ``return_window`` episodes, in the
+    progress bar), ``buffer_size``, ``frames``, ``samples_per_s`` and ``replay/*``.
 
     Args:
         env: A gymnasium id for torchrl's ``GymEnv`` (e.g. ``"CartPole-v1"``), or
@@ -182,6 +184,7 @@ class OnlineCollector(Callback):
         self._clock: tuple[float, int] | None = None
         self._episodes_logged = 0
         self._rate_limiter: SamplesPerInsert | None = None
+        self._trainer: Trainer | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def make_env(self, num_envs: int | None = None) -> EnvBase:
@@ -275,12 +278,9 @@ class OnlineCollector(Callback):
             )
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Build the collector and run the warm-up (the first batch is drawn after this).
-
-        With the DataModule's ``rate_limiter``, the limiter asks for frames when the
-        trainer would otherwise wait, and counts every insert (warm-up included).
-        """
+        """Build the collector, run the warm-up (before the first batch), join the rate limiter."""
         self._buffer = self._resolve_buffer(trainer)
+        self._trainer = trainer
         limiter = getattr(trainer.datamodule, "rate_limiter", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         self._rate_limiter = limiter if isinstance(limiter, SamplesPerInsert) else None
         env = self.make_env()
@@ -357,6 +357,10 @@ class OnlineCollector(Callback):
             self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
         self._store(next(self._iterator))
 
+    @property
+    def _version(self) -> int:  # the policy version of what is collected now
+        return self._trainer.global_step if self._trainer is not None else 0
+
     def _collect_on_demand(self) -> int:
         """Called by the rate limiter when the trainer needs frames: one collector call."""
         before = self.frames
@@ -375,6 +379,8 @@ class OnlineCollector(Callback):
             # After the episode count: n-step targets move ("next", "done") n steps ahead.
             frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
         frames = frames.reshape(-1)
+        # The optimizer step whose weights acted (torchrl's StalenessAwareSampler reads it).
+        frames.set(POLICY_VERSION_KEY, torch.full(frames.shape, self._version, dtype=torch.int64))
         if self.keys is not None:
             self._check_stored_keys(frames)
             frames = frames.select(*self.keys, strict=False)

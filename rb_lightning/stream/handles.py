@@ -156,6 +156,12 @@ class BufferHandle:
         """Stored items ``start:stop`` in storage order (a slice: no copy of string items)."""
         return self.replay_buffer[start:stop]
 
+    def version_tracking_samplers(self) -> list[Any]:
+        """Samplers that gate on a stored ``policy_version`` (e.g. torchrl's
+        ``StalenessAwareSampler``): they read the learner's version from ``consumer_version``."""
+        samplers = [rb.sampler for rb in self.in_process_buffers()]
+        return [sampler for sampler in samplers if hasattr(sampler, "consumer_version")]
+
     def capacity(self) -> int | None:
         """Items the buffer can hold (a mixture: its largest member); ``None``: unknown."""
         sizes = [getattr(rb.storage, "max_size", None) for rb in self.in_process_buffers()]

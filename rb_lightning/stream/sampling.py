@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numbers
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -112,6 +113,9 @@ class BufferStream:
         self.batches_drawn: int = 0
         #: Gates each draw on the replay ratio (a ``SamplesPerInsert``); ``None``: no gate.
         self.rate_limiter: SamplesPerInsert | None = None
+        #: The learner's policy version, handed to version-gated samplers before each draw.
+        self.consumer_version: Callable[[], int] | None = None
+        self._versioned: list[Any] = self._handle.version_tracking_samplers()
 
     # -- read-only configuration ------------------------------------------------------------
     @property
@@ -137,12 +141,14 @@ class BufferStream:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
-        del state["_handle"]  # rebuilt around the unpickled buffer
+        del state["_handle"], state["_versioned"]  # rebuilt around the unpickled buffer
+        state["consumer_version"] = None  # a worker's copy gets no version updates
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_replay_buffer"] = unpickle_buffer(state["_replay_buffer"])
         state["_handle"] = resolve_buffer(state["_replay_buffer"])
+        state["_versioned"] = state["_handle"].version_tracking_samplers()
         self.__dict__.update(state)
 
     # -- seeding ----------------------------------------------------------------------------
@@ -224,6 +230,10 @@ class BufferStream:
         """
         if self.rate_limiter is not None:
             self.rate_limiter.acquire_sample(self._batch_size)
+        if self.consumer_version is not None and self._versioned:
+            version = self.consumer_version()
+            for sampler in self._versioned:
+                sampler.consumer_version = version
         try:
             batch = self._draw()
         except Exception:

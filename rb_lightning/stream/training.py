@@ -38,6 +38,8 @@ class TrainingStream:
             :func:`~rb_lightning.stream.state.fit_loop_progress`.
         rate_limiter: Gates every draw on the replay ratio; its counters are
             checkpointed with the stream.
+        consumer_version: The learner's policy version (optimizer steps taken),
+            given to version-gated samplers (``StalenessAwareSampler``) before each draw.
 
     Examples:
         >>> import torch
@@ -59,9 +61,11 @@ class TrainingStream:
         *,
         progress: Callable[[], tuple[int, bool] | None],
         rate_limiter: SamplesPerInsert | None = None,
+        consumer_version: Callable[[], int] | None = None,
     ) -> None:
         self.loader_options = loader_options
         self.rate_limiter = rate_limiter
+        self.consumer_version = consumer_version
         # Loaders with workers redraw what they read ahead; an in-process one keeps it.
         keep_read_ahead = loader_options.num_workers == 0
         self.state = StreamState(seed, progress=progress, keep_read_ahead=keep_read_ahead)
@@ -90,6 +94,7 @@ class TrainingStream:
             cursor=self.state.cursor,
         )
         dataset.stream.rate_limiter = self.rate_limiter
+        dataset.stream.consumer_version = self.consumer_version
         if device is not None:
             self._prefetcher = make_prefetcher(self.loader_options.prefetch_to_device, device)
         return ResumableBatchLoader(
