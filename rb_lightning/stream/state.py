@@ -15,8 +15,9 @@ import torch
 
 from rb_lightning.errors import BufferStateError
 
-#: Batches a StreamState remembers: Lightning reads one ahead of the step; more is an error.
-READ_AHEAD_LIMIT = 4
+#: Batches a StreamState remembers: the last one handed out. Lightning reads one batch ahead
+#: of the step (when a checkpoint is written, that one was not taken yet); more is an error.
+READ_AHEAD_LIMIT = 1
 
 
 class StreamCursor:
@@ -78,7 +79,8 @@ class StreamState:
         self._handed = 0  # next position of the current epoch
         self._handed_total = 0
         # The last batches handed out, by position: the read-ahead is among them. Bounded,
-        # so the per-batch path never asks the loop what it took (checkpoints do).
+        # so the per-batch path never asks the loop what it took (checkpoints do), and no
+        # batch is kept alive that Lightning has let go of.
         self._records: deque[tuple[int, Any]] = deque(maxlen=READ_AHEAD_LIMIT)
         self._resume_at: tuple[int, int] | None = None
         self._replay: list[Any] = []
@@ -130,7 +132,7 @@ class StreamState:
         if len(ahead) != self._handed - consumed:
             raise BufferStateError(
                 f"The training loop read {self._handed - consumed} batches ahead of its step, "
-                f"more than the {READ_AHEAD_LIMIT - 1} a checkpoint can keep, so the resumed "
+                f"more than the {READ_AHEAD_LIMIT} a checkpoint can keep, so the resumed "
                 "stream could not continue exactly. This happens when a loop prefetches more "
                 "than Lightning's one batch; report it with the Trainer's settings."
             )
