@@ -177,18 +177,17 @@ class SamplesPerInsert:
                         argument="rate_limiter",
                     )
                 continue
-            with self._changed:
-                self._changed.wait(0.05)
-            if time.monotonic() - start > self.timeout:
-                raise SampleTimeoutError(
+            self._wait_for_the_other_side(
+                start,
+                lambda: (
                     f"The trainer waited {self.timeout:g}s for the collector: the rate limiter "
                     f"(samples_per_insert={self.samples_per_insert:g}, min_size={self.min_size}) "
                     f"needs {self.inserts_needed(n)} more inserted frames before the next batch "
                     f"of {n}, and none arrived (inserted {self.inserted}, sampled "
                     f"{self.sampled}). Is the collector running? Raise timeout, or lower "
-                    "samples_per_insert's demand on the collector.",
-                    argument="rate_limiter",
-                )
+                    "samples_per_insert's demand on the collector."
+                ),
+            )
         self.trainer_wait_s += time.monotonic() - start
         self.record_sample(n)
 
@@ -196,19 +195,25 @@ class SamplesPerInsert:
         """Block until ``n`` inserts are allowed (an asynchronous collector), then count them."""
         start = time.monotonic()
         while not self.can_insert(n):
-            with self._changed:
-                self._changed.wait(0.05)
-            if time.monotonic() - start > self.timeout:
-                raise SampleTimeoutError(
+            self._wait_for_the_other_side(
+                start,
+                lambda: (
                     f"The collector waited {self.timeout:g}s for the trainer: the rate limiter "
                     f"(samples_per_insert={self.samples_per_insert:g}) lets it run only "
                     f"{(self.error_buffer or 0) / 2:g} samples ahead, and the trainer drew "
                     f"nothing meanwhile (inserted {self.inserted}, sampled {self.sampled}). "
-                    "Is training stuck? Raise timeout or error_buffer.",
-                    argument="rate_limiter",
-                )
+                    "Is training stuck? Raise timeout or error_buffer."
+                ),
+            )
         self.collector_wait_s += time.monotonic() - start
         self.record_insert(n)
+
+    def _wait_for_the_other_side(self, start: float, stalled: Callable[[], str]) -> None:
+        """Wait briefly for a count to change; past ``timeout``, raise what ``stalled`` says."""
+        with self._changed:
+            self._changed.wait(0.05)
+        if time.monotonic() - start > self.timeout:
+            raise SampleTimeoutError(stalled(), argument="rate_limiter")
 
     def record_sample(self, n: int) -> None:
         """Count ``n`` sampled items."""
