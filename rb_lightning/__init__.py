@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ReplayBufferPassDataset,
     )
     from rb_lightning.stream.loader import batch_loader, keep_batch
+    from rb_lightning.stream.rate_limiter import SamplesPerInsert
     from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS, BufferStream
 
 #: Public name -> the module that defines it.
@@ -49,6 +50,7 @@ _HOMES = {
     "ReplayBufferPassDataset": "rb_lightning.stream.datasets",
     "RunLogger": "rb_lightning.runs.run_files",
     "RunReport": "rb_lightning.runs.report",
+    "SamplesPerInsert": "rb_lightning.stream.rate_limiter",
     "StepProgressBar": "rb_lightning.runs.progress",
     "RBLightningError": "rb_lightning.errors",
     "UsageError": "rb_lightning.errors",
@@ -72,6 +74,7 @@ __all__ = [
     "SAMPLER_INFO_KEYS",
     "SOURCE_KEY",
     "RBLightningError",
+    "SamplesPerInsert",
     "StepProgressBar",
     "UsageError",
     "batch_loader",

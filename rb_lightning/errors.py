@@ -19,6 +19,7 @@ __all__ = [
     "ArgumentTypeError",
     "BufferCheckpointError",
     "BufferStateError",
+    "CollectorError",
     "ConfigError",
     "InvalidPriorityError",
     "MissingKeyError",
@@ -129,6 +130,10 @@ class BufferStateError(RBLightningError, RuntimeError):
 
 class SampleTimeoutError(RBLightningError, TimeoutError):
     """A wait for the buffer (``min_size``, a remote actor) ran past its timeout."""
+
+
+class CollectorError(RBLightningError, RuntimeError):
+    """A collector running beside training stopped (its environment or policy raised)."""
 
 
 class BufferCheckpointError(RBLightningError, RuntimeError):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,11 +15,19 @@ from tensordict.utils import NestedKey
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
-from torchrl.envs import EnvBase, RewardSum, TransformedEnv
+from torchrl.envs import EnvBase
 
 from rb_lightning.errors import ArgumentTypeError, UsageError
 from rb_lightning.policy_version import POLICY_VERSION_KEY
-from rb_lightning.rl.envs import make_gym_env
+from rb_lightning.rl.acting import (
+    EPISODE_RETURN_KEY,
+    acting_policy,
+    check_policy_fits_env,
+    check_stored_keys,
+    collection_env,
+)
+from rb_lightning.rl.background import BackgroundCollection, CollectionMode, with_version_stamp
+from rb_lightning.rl.telemetry import CollectionTelemetry
 from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.validation import (
@@ -30,7 +37,6 @@ from rb_lightning.validation import (
     check_replay_buffer,
 )
 
-EPISODE_RETURN_KEY = "episode_reward"
 WARM_UP_CHUNK = 1_000
 
 
@@ -48,6 +54,14 @@ class OnlineCollector(Callback):
     * ``on_train_batch_end`` of every ``every_n_steps``-th batch:
       ``frames_per_step`` frames with the module's policy; with the DataModule's
       ``rate_limiter``, instead, a batch's worth whenever the limiter asks.
+
+    With ``asynchronous=True`` the environment runs beside training instead
+    (:mod:`rb_lightning.rl.background`): torchrl's ``AsyncCollector`` in a worker
+    process (``run_in="process"``) or a ``Collector`` in a thread (``"thread"``)
+    collects ``frames_per_step`` frames at a time with the weights of the last
+    sync (every ``sync_every_n_steps`` optimizer steps); the training process
+    writes what arrived into the buffer after each step, and the DataModule's
+    ``rate_limiter`` (if any) holds back whichever side runs ahead.
 
     Every frame carries ``policy_version``, the optimizer step whose weights acted
     (stored unless ``keys`` leaves it out; ``StalenessAwareSampler`` gates on it).
@@ -101,6 +115,11 @@ class OnlineCollector(Callback):
             discounted by ``gamma ** steps_to_next_obs`` (as :class:`DQN` does).
         gamma: Discount of the n-step rewards. ``None``: the module's
             ``hparams.gamma``.
+        asynchronous: Collect beside training instead of between its steps.
+        run_in: Where asynchronous collection runs: ``"process"`` (parallel on
+            CPU; ``env`` must be a gymnasium id) or ``"thread"``.
+        sync_every_n_steps: Asynchronous: send the policy's weights to the
+            collector every this many optimizer steps.
 
     Examples:
         >>> import lightning as L
@@ -138,6 +157,9 @@ class OnlineCollector(Callback):
         keys: list[NestedKey] | None = None,
         n_steps: int = 1,
         gamma: float | None = None,
+        asynchronous: bool = False,
+        run_in: CollectionMode = "process",
+        sync_every_n_steps: int = 1,
     ) -> None:
         super().__init__()
         if not isinstance(env, (str, EnvBase)):
@@ -173,6 +195,19 @@ class OnlineCollector(Callback):
         self.keys = check_keys(keys)
         self.n_steps = check_positive_int(n_steps, "n_steps")
         self.gamma = gamma
+        self.asynchronous = bool(asynchronous)
+        if run_in not in ("process", "thread"):
+            raise UsageError("run_in", f"run_in must be 'process' or 'thread', got {run_in!r}.")
+        if asynchronous and run_in == "process" and not isinstance(env, str):
+            raise UsageError(
+                "run_in",
+                "run_in='process' builds the environment in the worker process, from a "
+                "gymnasium id: pass env as a string, or use run_in='thread' for a torchrl env "
+                "object.",
+            )
+        self.run_in: CollectionMode = run_in
+        self.sync_every_n_steps = check_positive_int(sync_every_n_steps, "sync_every_n_steps")
+        self._background: BackgroundCollection | None = None
         self._multi_step: MultiStep | None = None
         self.frames = 0
         self.episodes = 0
@@ -181,8 +216,7 @@ class OnlineCollector(Callback):
         self._iterator: Any = None
         self._policy: TensorDictModuleBase | None = None
         self._copies_policy = False
-        self._clock: tuple[float, int] | None = None
-        self._episodes_logged = 0
+        self._telemetry = CollectionTelemetry()
         self._rate_limiter: SamplesPerInsert | None = None
         self._trainer: Trainer | None = None
 
@@ -193,16 +227,8 @@ class OnlineCollector(Callback):
         Args:
             num_envs: Copies stepped together; ``None``: the collector's ``num_envs``.
         """
-        if isinstance(self.env, str):
-            copies = self.num_envs if num_envs is None else num_envs
-            env = make_gym_env(self.env, num_envs=copies, **self.env_kwargs)
-        else:
-            env = self.env
-        if EPISODE_RETURN_KEY not in env.observation_spec.keys():
-            # A gymnasium id's env is already transformed: one flat chain, as torchrl's
-            # default, said explicitly so that torchrl has nothing to warn about.
-            env = TransformedEnv(env, RewardSum(), auto_unwrap=True)
-        return env
+        copies = self.num_envs if num_envs is None else num_envs
+        return collection_env(self.env, copies, self.env_kwargs)
 
     def _resolve_buffer(self, trainer: Trainer) -> ReplayBuffer:
         # The buffer's handle says where a collector writes (a mixture: the named member).
@@ -219,48 +245,6 @@ class OnlineCollector(Callback):
                 "with a DataModule that has a `replay_buffer` (rb_lightning.ReplayBufferDataModule).",
             )
         return buffer
-
-    @staticmethod
-    def _resolve_policy(pl_module: LightningModule) -> TensorDictModuleBase:
-        make_policy: Callable[[], Any] | None = getattr(pl_module, "collection_policy", None)
-        if not callable(make_policy):
-            raise ArgumentTypeError(
-                "model",
-                f"OnlineCollector needs {type(pl_module).__name__}.collection_policy(): a method "
-                "returning the acting TensorDictModule (with exploration) that shares the "
-                "module's weights. See rb_lightning.rl.DQN for an example.",
-            )
-        policy = make_policy()
-        if not isinstance(policy, TensorDictModuleBase):
-            raise ArgumentTypeError(
-                "model",
-                "collection_policy() must return a tensordict.nn.TensorDictModuleBase, got "
-                f"{type(policy).__name__}.",
-            )
-        return policy
-
-    @staticmethod
-    def _check_policy_fits_env(policy: TensorDictModuleBase, env: EnvBase) -> None:
-        # One dry step now beats a shape error deep inside the first rollout.
-        probe = env.reset()
-        with torch.no_grad():
-            out = policy(probe.to(next(policy.parameters()).device).clone())
-        for key in env.action_keys:
-            action = out.get(key, None)
-            if action is None:
-                raise UsageError(
-                    "model",
-                    f"collection_policy() did not write the environment's action key {key!r}.",
-                )
-            if not env.full_action_spec[key].is_in(action.to(env.device)):
-                raise UsageError(
-                    "model",
-                    f"collection_policy() wrote {key!r} with shape {tuple(action.shape)} and "
-                    f"dtype {action.dtype}, outside the environment's action spec "
-                    f"{env.full_action_spec[key]}. For a discrete gymnasium env with an "
-                    "integer-action policy pass env_kwargs={'categorical_action_encoding': True}; "
-                    "check the module's observation/action sizes.",
-                )
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Fail at setup, not mid-fit, when there is no buffer to fill or nobody would see it."""
@@ -286,17 +270,20 @@ class OnlineCollector(Callback):
         env = self.make_env()
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         env.set_seed(seed)
-        self._policy = self._resolve_policy(pl_module)
+        self._policy = acting_policy(pl_module)
         self._multi_step = self._make_multi_step(pl_module)
-        self._check_policy_fits_env(self._policy, env)
+        check_policy_fits_env(self._policy, env)
         self._warm_up(env, pl_module)
         frames_per_call = self.frames_per_step
-        if self._rate_limiter is not None:  # a batch's worth at a time, when asked
+        if self._rate_limiter is not None and not self.asynchronous:  # a batch's worth, when asked
             batch_size = int(getattr(trainer.datamodule, "batch_size", 1))  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
             frames_per_call = self._rate_limiter.inserts_per_batch(batch_size, self.num_envs)
-        self.collector = self._make_collector(env, pl_module, frames_per_call)
-        self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
-        self._iterator = iter(self.collector)
+        if self.asynchronous:
+            self._start_background(env, seed, trainer.global_step)
+        else:
+            self.collector = self._make_collector(env, pl_module, frames_per_call)
+            self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
+            self._iterator = iter(self.collector)
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(self._collect_on_demand)
         if len(self._buffer) == 0:
@@ -305,7 +292,26 @@ class OnlineCollector(Callback):
                 "The replay buffer is still empty when training starts: set "
                 "init_random_frames >= 1 or fill the buffer before fit.",
             )
-        self._clock = (time.perf_counter(), 0)
+        self._telemetry.start(trainer.global_step)
+
+    def _start_background(self, env: EnvBase, seed: int, version: int) -> None:
+        assert self._policy is not None
+        make_env: Any = (
+            functools.partial(collection_env, self.env, self.num_envs, self.env_kwargs)
+            if self.run_in == "process"
+            else (lambda: env)
+        )
+        limiter = self._rate_limiter
+        self._background = BackgroundCollection(
+            make_env,
+            with_version_stamp(self._policy),
+            frames_per_batch=self.frames_per_step,
+            mode=self.run_in,
+            seed=seed,
+            max_frames_per_traj=self.max_frames_per_traj,
+            before_next=None if limiter is None else limiter.wait_for_insert,
+        )
+        self._background.sync(version)
 
     def _make_multi_step(self, pl_module: LightningModule) -> MultiStep | None:
         if self.n_steps == 1:
@@ -362,9 +368,14 @@ class OnlineCollector(Callback):
         return self._trainer.global_step if self._trainer is not None else 0
 
     def _collect_on_demand(self) -> int:
-        """Called by the rate limiter when the trainer needs frames: one collector call."""
+        """Called by the rate limiter when the trainer needs frames: one collector call,
+        or (asynchronous) the next batch the background collector delivers."""
         before = self.frames
-        self._collect()
+        if self._background is not None:
+            assert self._rate_limiter is not None
+            self._store(self._background.take(self._rate_limiter.timeout))
+        else:
+            self._collect()
         return self.frames - before
 
     def _store(self, frames: TensorDictBase) -> None:
@@ -379,10 +390,13 @@ class OnlineCollector(Callback):
             # After the episode count: n-step targets move ("next", "done") n steps ahead.
             frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
         frames = frames.reshape(-1)
-        # The optimizer step whose weights acted (torchrl's StalenessAwareSampler reads it).
-        frames.set(POLICY_VERSION_KEY, torch.full(frames.shape, self._version, dtype=torch.int64))
+        # The optimizer step whose weights acted (torchrl's StalenessAwareSampler reads it);
+        # an asynchronous collector's policy stamps it itself.
+        if POLICY_VERSION_KEY not in frames.keys():
+            version = torch.full(frames.shape, self._version, dtype=torch.int64)
+            frames.set(POLICY_VERSION_KEY, version)
         if self.keys is not None:
-            self._check_stored_keys(frames)
+            check_stored_keys(frames, self.keys, self.n_steps)
             frames = frames.select(*self.keys, strict=False)
         if self.exclude_keys:
             frames = frames.exclude(*self.exclude_keys)
@@ -390,19 +404,6 @@ class OnlineCollector(Callback):
         self.frames += frames.numel()
         if self._rate_limiter is not None:
             self._rate_limiter.record_insert(frames.numel())
-
-    def _check_stored_keys(self, frames: TensorDictBase) -> None:
-        # "steps_to_next_obs" exists with n_steps > 1 only; a config may list it either way.
-        present = set(frames.keys(include_nested=True))
-        optional = {"steps_to_next_obs"} if self.n_steps == 1 else set()
-        missing = [k for k in self.keys or [] if k not in present and k not in optional]
-        if missing:
-            raise UsageError(
-                "keys",
-                f"OnlineCollector(keys=...): {missing} are not in the collected frames, which "
-                f"have {sorted(present, key=str)}. Fix the names (nested keys are lists in YAML, "
-                "[next, reward]) or pass keys=None to store every key.",
-            )
 
     def on_train_batch_end(
         self,
@@ -413,6 +414,13 @@ class OnlineCollector(Callback):
         batch_idx: int,
     ) -> None:
         """Sync weights, collect ``frames_per_step`` frames, log progress."""
+        if self._background is not None:
+            if trainer.global_step % self.sync_every_n_steps == 0:
+                self._background.sync(trainer.global_step)
+            for frames in self._background.ready():
+                self._store(frames)
+            self._log(trainer, pl_module, batch)
+            return
         if self.collector is None:
             return
         # The optimizer-step count, not a batch counter of this process: a resumed run
@@ -422,37 +430,31 @@ class OnlineCollector(Callback):
         self._log(trainer, pl_module, batch)
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
-        # Each self.log call costs a Lightning metric update, so the return is logged
-        # when an episode ends (the progress bar keeps the last value) and, with the
-        # rest, every log_every_n_steps: a logged row has it whether or not an episode
-        # ended just then (a resumed run's environments start new episodes).
-        def log(name: str, value: float, prog_bar: bool = False) -> None:
-            pl_module.log(
-                name, value, prog_bar=prog_bar, on_step=True, on_epoch=False, batch_size=1
-            )
-
-        step = trainer.global_step
-        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
-        on_cadence = step % every == 0
-        if (on_cadence or self.episodes != self._episodes_logged) and self.recent_returns:
-            log("episode_return", self.mean_return, prog_bar=True)
-            self._episodes_logged = self.episodes
-        if on_cadence and self._clock is not None:
-            now, (then, then_step) = time.perf_counter(), self._clock
-            samples = (step - then_step) * _batch_length(batch)
-            log("samples_per_s", samples / max(now - then, 1e-9))
-            log("buffer_size", float(len(self._buffer)))
-            log("frames", float(self.frames))
-            self._clock = (now, step)
-            if self._rate_limiter is not None:
-                limiter = self._rate_limiter
-                log("replay/inserted", float(limiter.inserted))
-                log("replay/sampled", float(limiter.sampled))
-                log("replay/samples_per_insert", limiter.samples_per_insert_observed())
-                log("replay/trainer_wait_s", limiter.trainer_wait_s)
+        self._telemetry.log(
+            trainer,
+            pl_module,
+            batch,
+            episodes=self.episodes,
+            mean_return=self.mean_return,
+            frames=self.frames,
+            buffer_size=len(self._buffer),
+            limiter=self._rate_limiter,
+        )
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Close the environment (also after an exception)."""
+        """Close the environment, the collector's thread and its worker process."""
+        self._close()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """Close everything on an exception or Ctrl-C too (Lightning skips ``teardown`` then)."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._background is not None:
+            background, self._background = self._background, None
+            background.close()
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(None)
         if self.collector is not None:
@@ -487,12 +489,6 @@ def _shares_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     pa = [p.data_ptr() for p in a.parameters()]
     pb = [p.data_ptr() for p in b.parameters()]
     return bool(pa) and pa == pb
-
-
-def _batch_length(batch: Any) -> int:
-    if isinstance(batch, TensorDictBase) and batch.batch_dims:
-        return batch.batch_size[0]
-    return 1
 
 
 __all__ = ["EPISODE_RETURN_KEY", "OnlineCollector"]

@@ -54,6 +54,9 @@ def quiet_run_log() -> None:
     for message in _NOT_FOR_THE_USER:
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("torchrl").setLevel(logging.WARNING)
+    # The same for torchrl in the processes a run starts (an asynchronous collector's
+    # worker reads this when it imports torchrl).
+    os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
 
 
 def skip_unloadable_nvml() -> None:

@@ -192,9 +192,24 @@ class SamplesPerInsert:
         self.record_sample(n)
 
     def acquire_insert(self, n: int) -> None:
-        """Block until ``n`` inserts are allowed (an asynchronous collector), then count them."""
+        """Block until ``n`` inserts are allowed, then count them."""
+        self.wait_for_insert(n)
+        self.record_insert(n)
+
+    def wait_for_insert(
+        self, n: int | Callable[[], int], stop: threading.Event | None = None
+    ) -> None:
+        """Block until ``n`` inserts are allowed (or ``stop`` is set), without counting them.
+
+        An asynchronous collector waits here before collecting; the frames are
+        counted when the training process writes them into the buffer. ``n`` may be
+        a callable, asked again after each wait (frames still on their way change).
+        """
         start = time.monotonic()
-        while not self.can_insert(n):
+        count = n if callable(n) else (lambda: n)
+        while not self.can_insert(count()):
+            if stop is not None and stop.is_set():
+                return
             self._wait_for_the_other_side(
                 start,
                 lambda: (
@@ -206,7 +221,6 @@ class SamplesPerInsert:
                 ),
             )
         self.collector_wait_s += time.monotonic() - start
-        self.record_insert(n)
 
     def _wait_for_the_other_side(self, start: float, stalled: Callable[[], str]) -> None:
         """Wait briefly for a count to change; past ``timeout``, raise what ``stalled`` says."""

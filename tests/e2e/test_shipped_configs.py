@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "cartpole_dqn": (["--trainer.max_steps=20"], "val_return", "test_return"),
     "pendulum_sac": (["--trainer.max_steps=20"], "val_return", "test_return"),
+    "cartpole_dqn_async": (["--trainer.max_steps=20"], "val_return", "test_return"),
+    "pendulum_sac_async": (["--trainer.max_steps=20"], "val_return", "test_return"),
     "llm_sft": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
     "llm_grpo": (["--trainer.max_steps=3"], "val_accuracy", "test_accuracy"),
     "offline_from_disk": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
@@ -38,7 +40,7 @@ def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fit_then_validate_and_test_from_its_checkpoint(name, tmp_path):
-    pytest.importorskip("gymnasium" if name in ("cartpole_dqn", "pendulum_sac") else "transformers")
+    pytest.importorskip("transformers" if name.startswith(("llm", "offline")) else "gymnasium")
     fit_args, val_metric, test_metric = CONFIGS[name]
     common = [
         "--config",

@@ -1,0 +1,259 @@
+"""Collection that runs beside training: a torchrl collector in a worker process or a thread.
+
+The environment steps and the acting policy run away from the training loop; the
+frames come back through a small queue and the *training* process writes them into
+the replay buffer. Writes stay in one process because a ``PrioritizedSampler``'s
+sum tree and the buffer's write cursor live there: torchrl's ``collector.start()``
+would extend the buffer from the worker, which a shared storage can follow but a
+priority tree cannot.
+
+* ``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one
+  worker process (real parallelism on CPU). Weights reach it through torchrl's
+  ``update_policy_weights_``; the worker collects its next batch while the trainer
+  uses the last one.
+* ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`, iterated by a
+  thread of the training process (no start-up cost; shares the GIL with training).
+
+Every frame carries the policy version of the weights that acted: the acting policy
+is followed by a :class:`VersionStamp` whose ``version`` buffer travels with the
+weights, so a frame collected just before a weight update keeps the old version.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from tensordict.nn import TensorDictModule
+    >>> policy = with_version_stamp(
+    ...     TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"]))
+    >>> set_stamped_version(policy, 7)
+    >>> policy(TensorDict(observation=torch.zeros(3, 4), batch_size=[3]))["policy_version"]
+    tensor([7, 7, 7])
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torchrl.collectors import AsyncCollector, Collector
+from torchrl.envs import EnvBase
+
+from rb_lightning.errors import ArgumentTypeError, CollectorError, SampleTimeoutError
+from rb_lightning.policy_version import POLICY_VERSION_KEY
+
+__all__ = [
+    "BackgroundCollection",
+    "CollectionMode",
+    "VersionStamp",
+    "set_stamped_version",
+    "with_version_stamp",
+]
+
+CollectionMode = Literal["process", "thread"]
+
+
+class VersionStamp(TensorDictModuleBase):
+    """Writes its ``version`` buffer to every row (a buffer: it travels with the weights)."""
+
+    version: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_keys: list = []
+        self.out_keys = [POLICY_VERSION_KEY]
+        self.register_buffer("version", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.set(POLICY_VERSION_KEY, self.version.expand(tensordict.shape).clone())
+
+
+def with_version_stamp(policy: TensorDictModuleBase) -> TensorDictSequential:
+    """``policy`` followed by a :class:`VersionStamp` writing ``policy_version``."""
+    return TensorDictSequential(policy, VersionStamp())
+
+
+def set_stamped_version(policy: TensorDictSequential, version: int) -> None:
+    """Set the version that ``policy`` (from :func:`with_version_stamp`) writes."""
+    stamp = policy[-1]
+    if not isinstance(stamp, VersionStamp):
+        raise ArgumentTypeError(
+            "policy", "set_stamped_version needs a policy built by with_version_stamp."
+        )
+    stamp.version.fill_(version)
+
+
+class BackgroundCollection:
+    """Run ``policy`` in ``make_env()`` beside training; hand back what it collected.
+
+    Args:
+        make_env: Builds the environment (a picklable callable in ``"process"`` mode).
+        policy: The acting policy, stamped (:func:`with_version_stamp`). In
+            ``"thread"`` mode it is copied, so that training never changes the
+            weights in the middle of a rollout.
+        frames_per_batch: Frames per delivered batch.
+        mode: ``"process"`` or ``"thread"``.
+        seed: Seed of the environment.
+        max_frames_per_traj: As torchrl's collectors.
+        before_next: Called before each batch with a callable counting the frames
+            that would then be pending (delivered, not yet written, plus one) and
+            the stop event; it may block until either allows (the rate limiter's
+            ``wait_for_insert``).
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], EnvBase],
+        policy: TensorDictSequential,
+        *,
+        frames_per_batch: int,
+        mode: CollectionMode,
+        seed: int,
+        max_frames_per_traj: int | None = None,
+        before_next: Callable[[Callable[[], int], threading.Event], None] | None = None,
+    ) -> None:
+        self.mode = mode
+        self.frames_per_batch = frames_per_batch
+        self._source_policy = policy
+        common = dict(
+            frames_per_batch=frames_per_batch,
+            total_frames=-1,
+            max_frames_per_traj=max_frames_per_traj,
+            storing_device="cpu",
+            auto_register_policy_transforms=False,
+        )
+        if mode == "process":
+            self.collector: Collector | AsyncCollector = AsyncCollector(make_env, policy, **common)
+        else:
+            self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
+        self.collector.set_seed(seed)
+        self._before_next = before_next
+        self._ready: queue.Queue[TensorDictBase] = queue.Queue(maxsize=1)
+        self._failure: BaseException | None = None
+        self._weights: TensorDictBase | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._feed, name="rb-lightning-collection")
+        self._thread.daemon = True  # never keeps a dying interpreter alive
+        self._thread.start()
+
+    # -- the collecting thread ------------------------------------------------------------
+    def _feed(self) -> None:
+        try:
+            frames: Iterator[TensorDictBase] = iter(self.collector)
+            while not self._stop.is_set():
+                weights, self._weights = self._weights, None
+                if weights is not None:
+                    self.collector.update_policy_weights_(weights)
+                if self._before_next is not None:
+                    # Starts a batch unless even one more frame past those delivered
+                    # and not yet written would run ahead of the trainer.
+                    self._before_next(
+                        lambda: self._ready.qsize() * self.frames_per_batch + 1, self._stop
+                    )
+                    if self._stop.is_set():
+                        return
+                batch = next(frames)
+                while not self._stop.is_set():
+                    try:
+                        self._ready.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as error:  # handed to the training process by take()
+            if not self._stop.is_set():
+                self._failure = error
+
+    # -- the training side ----------------------------------------------------------------
+    def sync(self, version: int) -> None:
+        """Hand the policy's current weights, stamped with ``version``, to the collector.
+
+        A copy is taken now; the collecting thread sends it before its next batch
+        (torchrl's ``update_policy_weights_`` waits for the worker's acknowledgement,
+        which the training loop should not), and a newer copy replaces an unsent one.
+        """
+        set_stamped_version(self._source_policy, version)
+        self._weights = TensorDict.from_module(self._source_policy).clone()
+
+    def ready(self) -> list[TensorDictBase]:
+        """The batches collected since the last call, without waiting."""
+        self._raise_failure()
+        batches = []
+        while True:
+            try:
+                batches.append(self._ready.get_nowait())
+            except queue.Empty:
+                return batches
+
+    def take(self, timeout: float) -> TensorDictBase:
+        """The next collected batch; waits up to ``timeout`` seconds for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._raise_failure()
+            try:
+                return self._ready.get(timeout=min(0.1, max(deadline - time.monotonic(), 0)))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    self._raise_failure()
+                    raise SampleTimeoutError(self._stalled(timeout), argument="timeout") from None
+
+    def _stalled(self, timeout: float) -> str:
+        dead = self._dead_workers()
+        if dead:
+            why = (
+                f"its worker process died (exit code {dead[0].exitcode}); its traceback is "
+                "above in the log"
+            )
+        elif not self._thread.is_alive():
+            why = "its thread ended"
+        else:
+            why = "no frames arrived (an environment step that never returns?)"
+        return (
+            f"The trainer waited {timeout:g}s for the asynchronous collector ({self.mode}): "
+            f"{why}. Check the environment; raise the collector's timeout if its steps are "
+            "legitimately that slow."
+        )
+
+    def _dead_workers(self) -> list:
+        return [p for p in getattr(self.collector, "procs", []) if not p.is_alive()]
+
+    def _raise_failure(self) -> None:
+        dead = self._dead_workers()
+        if dead and self._failure is None:
+            raise CollectorError(
+                f"The asynchronous collector's worker process died (exit code "
+                f"{dead[0].exitcode}): the environment or the acting policy raised; its "
+                "traceback is above in the log.",
+                argument="env",
+            )
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            if isinstance(failure, SampleTimeoutError):
+                raise failure
+            raise CollectorError(
+                f"The asynchronous collector ({self.mode}) stopped: "
+                f"{type(failure).__name__}: {failure}. The environment or the acting policy "
+                "raised; its traceback is above this one.",
+                argument="env",
+            ) from failure
+
+    def close(self) -> None:
+        """Stop collecting; join the thread and the worker process (idempotent)."""
+        self._stop.set()
+        while True:  # free a feeder blocked on a full queue
+            try:
+                self._ready.get_nowait()
+            except queue.Empty:
+                break
+        if self.mode == "thread":  # let the rollout in progress end before closing its env
+            self._thread.join(timeout=10)
+        dead = bool(self._dead_workers())
+        try:
+            self.collector.shutdown(raise_on_error=False)
+        finally:
+            # A thread still waiting on a dead worker is a daemon: do not wait for it.
+            self._thread.join(timeout=1 if dead else 10)

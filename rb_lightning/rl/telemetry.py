@@ -1,0 +1,84 @@
+"""What an online collector logs: returns, frames, throughput and the replay counters.
+
+Examples:
+    >>> telemetry = CollectionTelemetry()
+    >>> telemetry.episodes_logged
+    0
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from tensordict import TensorDictBase
+
+from rb_lightning.policy_version import POLICY_VERSION_KEY, staleness
+from rb_lightning.stream.rate_limiter import SamplesPerInsert
+
+__all__ = ["CollectionTelemetry"]
+
+
+class CollectionTelemetry:
+    """Log a collector's numbers through the LightningModule, on Lightning's cadence.
+
+    Each ``pl_module.log`` call costs a metric update, so the return is logged when an
+    episode ends (the progress bar keeps the last value) and, with the rest, every
+    ``log_every_n_steps``: a logged row has it whether or not an episode ended just
+    then (a resumed run's environments start new episodes).
+    """
+
+    def __init__(self) -> None:
+        self.episodes_logged = 0
+        self._clock: tuple[float, int] | None = None
+
+    def start(self, step: int) -> None:
+        """Start the throughput clock (at the first step of this process)."""
+        self._clock = (time.perf_counter(), step)
+
+    def log(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        batch: Any,
+        *,
+        episodes: int,
+        mean_return: float,
+        frames: int,
+        buffer_size: int,
+        limiter: SamplesPerInsert | None,
+    ) -> None:
+        """Log this step's numbers (the replay counters only with a rate limiter)."""
+
+        def log(name: str, value: float, prog_bar: bool = False) -> None:
+            pl_module.log(
+                name, value, prog_bar=prog_bar, on_step=True, on_epoch=False, batch_size=1
+            )
+
+        step = trainer.global_step
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        on_cadence = step % every == 0
+        if (on_cadence or episodes != self.episodes_logged) and not math.isnan(mean_return):
+            log("episode_return", mean_return, prog_bar=True)
+            self.episodes_logged = episodes
+        if not on_cadence or self._clock is None:
+            return
+        now, (then, then_step) = time.perf_counter(), self._clock
+        rows = batch.batch_size[0] if isinstance(batch, TensorDictBase) and batch.batch_dims else 1
+        log("samples_per_s", (step - then_step) * rows / max(now - then, 1e-9))
+        log("buffer_size", float(buffer_size))
+        log("frames", float(frames))
+        self._clock = (now, step)
+        versions = (
+            batch.get(POLICY_VERSION_KEY, None) if isinstance(batch, TensorDictBase) else None
+        )
+        if versions is not None:
+            log("replay/staleness_mean", float(staleness(step, versions).float().mean()))
+        if limiter is not None:
+            log("replay/inserted", float(limiter.inserted))
+            log("replay/sampled", float(limiter.sampled))
+            log("replay/samples_per_insert", limiter.samples_per_insert_observed())
+            log("replay/trainer_wait_s", limiter.trainer_wait_s)
+            log("replay/collector_wait_s", limiter.collector_wait_s)
