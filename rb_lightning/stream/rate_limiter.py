@@ -88,6 +88,9 @@ class SamplesPerInsert:
         self.trainer_wait_s = 0.0
         self.collector_wait_s = 0.0
         self._changed = threading.Condition()
+        # A waiting collector is woken when `sampled` reaches this, not at every batch:
+        # a thread woken per training step would take the GIL from the trainer each time.
+        self._wake_collector_at = math.inf
         self._insert_on_demand: Callable[[], int] | None = None
 
     def _check_error_buffer(self, error_buffer: float, batch_size: int | None) -> None:
@@ -210,6 +213,9 @@ class SamplesPerInsert:
         while not self.can_insert(count()):
             if stop is not None and stop.is_set():
                 return
+            half = (self.error_buffer or 0.0) / 2
+            needed = self.inserted + count() - self.min_size
+            self._wake_collector_at = needed * self.samples_per_insert - half
             self._wait_for_the_other_side(
                 start,
                 lambda: (
@@ -220,6 +226,7 @@ class SamplesPerInsert:
                     "Is training stuck? Raise timeout or error_buffer."
                 ),
             )
+        self._wake_collector_at = math.inf
         self.collector_wait_s += time.monotonic() - start
 
     def _wait_for_the_other_side(self, start: float, stalled: Callable[[], str]) -> None:
@@ -233,7 +240,8 @@ class SamplesPerInsert:
         """Count ``n`` sampled items."""
         with self._changed:
             self.sampled += n
-            self._changed.notify_all()
+            if self.sampled >= self._wake_collector_at:
+                self._changed.notify_all()
 
     def record_insert(self, n: int) -> None:
         """Count ``n`` inserted items."""
