@@ -84,8 +84,11 @@ REFERENCE_SCRIPT = ROOT / "benchmarks" / "reference_agents.py"
 # "template": the reference DQN as Lightning's template behaves (old gym's single `done`
 # ends bootstrapping at CartPole's time limit too); "reference": the same agent with
 # gymnasium's terminated/truncated, which needs far fewer frames. SAC has one reference.
-REFERENCE_SIDES = ("template", "reference")
-SIDES = (*REFERENCE_SIDES, "ours")
+# "sb3": Stable-Baselines3's DQN with rl-baselines3-zoo's CartPole hyperparameters
+# (benchmarks/sb3_anchor.py; needs `pip install stable-baselines3`).
+REFERENCE_SIDES = ("template", "reference", "sb3")
+# "ours_async": the task's asynchronous twin config (acting in a worker process).
+SIDES = (*REFERENCE_SIDES, "ours", "ours_async")
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Task:
     goal: float
     max_steps: int  # reference safety cap (gradient steps); ours has its config's max_steps
     quick_steps: int  # both sides, under --quick
+    async_config: str | None = None  # the "ours_async" side
 
 
 TASKS = {
@@ -110,6 +114,7 @@ TASKS = {
         475.0,
         200_000,
         300,
+        "configs/cartpole_dqn_async.yaml",
     ),
     "pendulum": Task(
         "pendulum",
@@ -119,6 +124,7 @@ TASKS = {
         -200.0,
         100_000,
         200,
+        "configs/pendulum_sac_async.yaml",
     ),
 }
 
@@ -247,6 +253,16 @@ def read_metrics_csv(save_dir: Path) -> dict[str, float]:
 
 
 def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) -> list[str]:
+    if side == "sb3":
+        script = ROOT / "benchmarks" / "sb3_anchor.py"
+        return [
+            sys.executable,
+            str(script),
+            "--seed",
+            str(seed),
+            "--max-steps",
+            str(cap or 200_000),
+        ]
     if side in REFERENCE_SIDES:
         command = [
             sys.executable,
@@ -265,7 +281,7 @@ def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) 
         "train.py",
         "fit",
         "--config",
-        task.config,
+        task.async_config if side == "ours_async" else task.config,
         "--seed_everything",
         str(seed),
         f"--trainer.logger.init_args.save_dir={save_dir}",
@@ -323,7 +339,7 @@ def run_one(
         result.frames = summary.get("frames")  # type: ignore[assignment]
     else:
         result.notes.append("no summary line")
-    if side == "ours" and (
+    if side in ("ours", "ours_async") and (
         result.frames is None or result.steps is None or result.mean_return is None
     ):
         logged = read_metrics_csv(save_dir)
@@ -379,7 +395,9 @@ def format_table(task: Task, results: list[RunResult]) -> str:
         "template": f"{task.reference_label}, time limit terminal (as the template on old gym)",
         "reference": task.reference_label
         + (", time limit bootstrapped (gymnasium)" if task.reference_agent == "dqn" else ""),
+        "sb3": "Stable-Baselines3 DQN, rl-zoo hyperparameters (stops on 10 greedy episodes)",
         "ours": f"ours (`{task.config}`)",
+        "ours_async": f"ours, asynchronous (`{task.async_config}`)",
     }
     rows = [f"### {task.name}: time to mean return ≥ {task.goal:g} over 10 episodes", "", HEADER]
     for r in sorted(results, key=lambda r: (SIDES.index(r.side), r.seed)):
@@ -411,12 +429,13 @@ def format_table(task: Task, results: list[RunResult]) -> str:
             f"| {_fmt(m['frames'], thousands=True)} | {_fmt(m['steps'], thousands=True)} "
             f"| {_fmt(m['wall'])} | {_fmt(m['fit'])} | {_fmt(m['rate'], 0)} |"
         )
-    for side in REFERENCE_SIDES:
-        if side not in medians or "ours" not in medians:
+    pairs = [(mine, side) for mine in ("ours", "ours_async") for side in REFERENCE_SIDES]
+    for mine, side in [*pairs, ("ours_async", "ours")]:
+        if side not in medians or mine not in medians:
             continue
-        ref, ours = medians[side], medians["ours"]
+        ref, ours = medians[side], medians[mine]
         rows.append(
-            f"| **ours / {side}** | – | – | – | {_ratio(ours['frames'], ref['frames'])} "
+            f"| **{mine} / {side}** | – | – | – | {_ratio(ours['frames'], ref['frames'])} "
             f"| {_ratio(ours['steps'], ref['steps'])} | {_ratio(ours['wall'], ref['wall'])} "
             f"| {_ratio(ours['fit'], ref['fit'])} | {_ratio(ours['rate'], ref['rate'])} |"
         )
@@ -471,7 +490,9 @@ def main(argv: list[str] | None = None) -> str:
             sides = [
                 side
                 for side in SIDES
-                if side in args.runs and not (side == "template" and task.reference_agent != "dqn")
+                if side in args.runs
+                and not (side in ("template", "sb3") and task.reference_agent != "dqn")
+                and not (side == "ours_async" and task.async_config is None)
             ]
             for seed in args.seeds:
                 for side in sides:

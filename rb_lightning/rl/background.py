@@ -99,6 +99,7 @@ class BackgroundCollection:
         frames_per_batch: Frames per delivered batch.
         mode: ``"process"`` or ``"thread"``.
         seed: Seed of the environment.
+        version: The policy version of the weights ``policy`` holds now.
         max_frames_per_traj: As torchrl's collectors.
         before_next: Called before each batch with a callable counting the frames
             that would then be pending (delivered, not yet written, plus one) and
@@ -114,10 +115,12 @@ class BackgroundCollection:
         frames_per_batch: int,
         mode: CollectionMode,
         seed: int,
+        version: int = 0,
         max_frames_per_traj: int | None = None,
         before_next: Callable[[Callable[[], int], threading.Event], None] | None = None,
     ) -> None:
         self.mode = mode
+        set_stamped_version(policy, version)  # the weights the collector starts with
         self.frames_per_batch = frames_per_batch
         self._source_policy = policy
         common = dict(
@@ -128,7 +131,11 @@ class BackgroundCollection:
             auto_register_policy_transforms=False,
         )
         if mode == "process":
-            self.collector: Collector | AsyncCollector = AsyncCollector(make_env, policy, **common)
+            # num_threads: torchrl would otherwise lower this process's torch threads.
+            threads = torch.get_num_threads()
+            self.collector: Collector | AsyncCollector = AsyncCollector(
+                make_env, policy, num_threads=threads, **common
+            )
         else:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
         self.collector.set_seed(seed)
@@ -145,7 +152,9 @@ class BackgroundCollection:
     def _feed(self) -> None:
         try:
             frames: Iterator[TensorDictBase] = iter(self.collector)
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self._dead_workers():
+                # (A dead worker would never acknowledge weights: the training side
+                # reports it, this thread just ends.)
                 weights, self._weights = self._weights, None
                 if weights is not None:
                     self.collector.update_policy_weights_(weights)
@@ -249,11 +258,14 @@ class BackgroundCollection:
                 self._ready.get_nowait()
             except queue.Empty:
                 break
-        if self.mode == "thread":  # let the rollout in progress end before closing its env
+        # The collecting thread ends at its next check of the stop event; while the
+        # worker lives, whatever it waits on (a batch, a weight acknowledgement) arrives.
+        if not self._dead_workers():
             self._thread.join(timeout=10)
-        dead = bool(self._dead_workers())
         try:
             self.collector.shutdown(raise_on_error=False)
         finally:
-            # A thread still waiting on a dead worker is a daemon: do not wait for it.
-            self._thread.join(timeout=1 if dead else 10)
+            # torchrl's weight sync waits for the worker's acknowledgement without a
+            # timeout: a thread caught in it when the worker died stays blocked. It is a
+            # daemon (it ends with the interpreter) and holds nothing the run needs.
+            self._thread.join(timeout=1)

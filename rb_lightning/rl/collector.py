@@ -84,8 +84,9 @@ class OnlineCollector(Callback):
     Keyword Args:
         init_random_frames: Buffer size to reach with random-action frames
             before training starts.
-        frames_per_step: Frames collected after each collecting training step.
-        every_n_steps: Collect after every n-th training batch.
+        frames_per_step: Frames collected after each collecting training step
+            (asynchronous: frames per batch the collector delivers).
+        every_n_steps: Collect after every n-th training batch (synchronous only).
         env_kwargs: Keyword arguments for ``GymEnv`` when ``env`` is a string
             (e.g. ``{"categorical_action_encoding": True}``).
         num_envs: Copies of the environment stepped together in this process
@@ -308,10 +309,12 @@ class OnlineCollector(Callback):
             frames_per_batch=self.frames_per_step,
             mode=self.run_in,
             seed=seed,
+            version=version,
             max_frames_per_traj=self.max_frames_per_traj,
             before_next=None if limiter is None else limiter.wait_for_insert,
         )
-        self._background.sync(version)
+        if self.run_in == "process":  # the worker builds its own; this one did the warm-up
+            env.close()
 
     def _make_multi_step(self, pl_module: LightningModule) -> MultiStep | None:
         if self.n_steps == 1:

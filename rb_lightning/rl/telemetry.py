@@ -79,6 +79,7 @@ class CollectionTelemetry:
         if limiter is not None:
             log("replay/inserted", float(limiter.inserted))
             log("replay/sampled", float(limiter.sampled))
-            log("replay/samples_per_insert", limiter.samples_per_insert_observed())
+            # The one replay number worth a place in the progress bar: is the ratio held?
+            log("replay/samples_per_insert", limiter.samples_per_insert_observed(), prog_bar=True)
             log("replay/trainer_wait_s", limiter.trainer_wait_s)
             log("replay/collector_wait_s", limiter.collector_wait_s)
