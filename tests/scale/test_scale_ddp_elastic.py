@@ -4,7 +4,8 @@ Real gloo DDP on CPU (scripts/ddp_elastic.py), a prioritized buffer per rank. A 
 ranks saves at step 4; it is resumed on 3 ranks (which save at step 8) and on 1 rank; the
 3-rank checkpoint is resumed on 2 ranks. After each resume the new ranks together hold
 exactly the items the saved ranks held, each once, with the saved priority-tree value,
-spread evenly.
+spread evenly. Through ``train.py``: a run on 2 ranks resumed on 1 whose buffer is too small
+stops with one paragraph and exit code 2, and the fix it names works.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rb_lightning.checkpoint import checkpoint_buffer_state, read_torch_file
+
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_elastic.py"
 TIMEOUT_S = 300
 
@@ -93,3 +98,76 @@ def test_two_ranks_resumed_on_one(runs):
     _check_redistributed(runs["on2"], runs["on1"], step=4)
     (only,) = runs["on1"]
     assert only["global_step"] == 6 and len(only["start"]["ids"]) == 20 + 25 + 2 * 2 * 4
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'tests' / 'cli'}{os.pathsep}{REPO}",
+        "MASTER_ADDR": "127.0.0.1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    env.pop("MASTER_PORT", None)
+    env.pop("RB_LIGHTNING_DEBUG", None)
+    command = [sys.executable, str(REPO / "train.py"), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+def test_train_py_run_on_two_ranks_resumed_on_one(tmp_path):
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": 2,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": {
+                "class_path": "rb_lightning.runs.RunLogger",
+                "init_args": {"save_dir": "runs", "name": "toy"},
+            },
+            "callbacks": [{"class_path": "rb_lightning.runs.FinalLastCheckpoint"}],
+        },
+        "model": {"class_path": "cli_toy.Regressor"},
+        "data": {
+            "class_path": "rb_lightning.ReplayBufferDataModule",
+            "init_args": {
+                "batch_size": 8,
+                "num_batches": None,
+                "replay_buffer": {
+                    "class_path": "torchrl.data.ReplayBuffer",
+                    "init_args": {
+                        "storage": {
+                            "class_path": "torchrl.data.LazyTensorStorage",
+                            "init_args": {"max_size": 100},
+                        }
+                    },
+                },
+                "source": {  # 64 items on every rank
+                    "class_path": "rb_lightning.sources.CallSource",
+                    "init_args": {"function": "cli_toy:fill_regression"},
+                },
+            },
+        },
+    }
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(config))
+    saved = _train(
+        ["fit", "--config", "toy.yaml", "--trainer.strategy=ddp", "--trainer.devices=2"], tmp_path
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+
+    resume = ["fit", "--config", "toy.yaml", "--trainer.devices=1", "--trainer.max_steps=4"]
+    short = _train([*resume, "--ckpt_path=last"], tmp_path)
+    assert short.returncode == 2 and "Traceback" not in short.stderr, short.stderr[-3000:]
+    message = short.stderr.strip().splitlines()[-1]
+    assert message.startswith(
+        "error: The checkpoint holds 128 replay-buffer items saved by 2 process(es) (64, 64)"
+    ), message
+    assert "max_size of at least 128" in message and "data.init_args.resume_keep: newest" in message
+
+    kept = _train([*resume, "--ckpt_path=last", "--data.init_args.resume_keep=newest"], tmp_path)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert "fit stopped at step 4" in kept.stdout + kept.stderr
+    last = tmp_path / "runs" / "toy" / "version_0" / "checkpoints" / "last.ckpt"
+    assert checkpoint_buffer_state(read_torch_file(last))["len"] == 100

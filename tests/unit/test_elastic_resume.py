@@ -129,8 +129,9 @@ def test_too_little_room_stops_before_anything_is_loaded(tmp_path):
 def test_keep_newest_drops_the_oldest_items_of_every_saved_rank(tmp_path):
     state, ckpt = _checkpoint(tmp_path, [_saved_rank(0, 6), _saved_rank(1, 6)])
     (rb,) = _restore_on(state, ckpt, 1, 10, keep="newest", seed=0)
-    ids = rb[torch.arange(len(rb))]["id"].tolist()
-    assert sorted(ids) == sorted([*range(1, 6), *range(TAG + 1, TAG + 6)])  # ids 0 and TAG gone
+    # Ids 0 and TAG, the oldest, are gone; the rest written oldest first from slot 0.
+    newest = [i for n in range(1, 6) for i in (n, TAG + n)]
+    assert rb[torch.arange(len(rb))]["id"].tolist() == newest
 
 
 def test_a_buffer_built_differently_is_refused(tmp_path):
@@ -168,3 +169,18 @@ def test_resume_keep_names_the_argument_and_its_values():
     rb = ReplayBuffer(storage=LazyTensorStorage(8))
     with pytest.raises(UsageError, match=r"resume_keep='oldest'.*'all'.*'newest'"):
         ReplayBufferDataModule(rb, batch_size=2, resume_keep="oldest")
+
+
+def test_a_datamodule_resumed_on_other_ranks_samples_from_the_saved_stream_seed(tmp_path):
+    state, ckpt = _checkpoint(tmp_path, [_saved_rank(0, 12), _saved_rank(1, 12)])
+    located = {**state, "resolved": str(buffer_dir_for(ckpt) / "v1")}  # no Trainer: no ckpt_path
+
+    def draws(stream_seed: int) -> list[int]:
+        rb = ReplayBuffer(storage=LazyTensorStorage(32), sampler=PrioritizedSampler(32, 0.7, 0.5))
+        datamodule = ReplayBufferDataModule(rb, batch_size=4)
+        stream = {"seed": stream_seed, "epoch": 0, "position": 3, "batches_served": 3}
+        datamodule.load_state_dict({"batches_served": 3, "stream": stream, "buffer": located})
+        assert len(rb) == 24  # one process: every saved item
+        return rb.sample(8)["id"].tolist()
+
+    assert draws(11) == draws(11) != draws(12)
