@@ -162,6 +162,14 @@ def deal_items(
     buffer of ``lengths[saved rank]`` items. See the module's description for the
     order; ``keep_last``: deal only the newest ``keep_last`` items of the union.
     """
+    saved, oldest_first = _dealt(lengths, rank, world_size, keep_last)
+    return list(zip(saved.tolist(), oldest_first.tolist(), strict=True))
+
+
+def _dealt(
+    lengths: Sequence[int], rank: int, world_size: int, keep_last: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`deal_items` as two tensors: saved ranks, and positions from each one's oldest."""
     counts = torch.tensor([0, *lengths], dtype=torch.long)[1:]
     saved = torch.repeat_interleave(torch.arange(len(counts)), counts)
     starts = torch.cumsum(counts, 0) - counts
@@ -172,7 +180,7 @@ def deal_items(
     if keep_last is not None:
         order = order[max(len(order) - keep_last, 0) :]
     mine = order[rank::world_size]
-    return list(zip(saved[mine].tolist(), oldest_first[mine].tolist(), strict=True))
+    return saved[mine], oldest_first[mine]
 
 
 def restore_share(
@@ -224,7 +232,7 @@ def restore_share(
             check_plain_files(root)
         for root, manifest in zip(roots, manifests, strict=True):
             _check_dealable(replay_buffer, root, manifest)
-        share = deal_items(lengths, rank, world_size, keep_last=kept)
+        share = _dealt(lengths, rank, world_size, kept)
         items, priorities, max_priority = _gather(replay_buffer, roots, manifests, share)
         _write(replay_buffer, roots[0], items, priorities, max_priority)
     if seed is None:
@@ -235,7 +243,7 @@ def restore_share(
         world_size,
         saved_world_size(state),
         rank,
-        len(share),
+        len(share[0]),
         sum(lengths),
     )
     return []
@@ -318,35 +326,36 @@ def _gather(
     replay_buffer: ReplayBuffer,
     roots: list[Path],
     manifests: list[dict[str, Any]],
-    share: list[tuple[int, int]],
+    share: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[Any, torch.Tensor | None, float | None]:
     """This rank's items in writing order, their priority-tree values and the saved max priority."""
     prioritized = isinstance(replay_buffer.sampler, PrioritizedSampler)
+    saved, oldest_first = share
     pieces: list[Any] = []
     trees: list[torch.Tensor] = []
-    order: list[int] = []
+    order: list[torch.Tensor] = []
     max_priority: float | None = None
     for saved_rank, (root, manifest) in enumerate(zip(roots, manifests, strict=True)):
-        taken = [(i, j) for i, (k, j) in enumerate(share) if k == saved_rank]
         if prioritized and manifest["len"]:
             tree, saved_max = torchrl_compat.saved_priority_tree(root / "sampler")
             if saved_max is not None:
                 max_priority = saved_max if max_priority is None else max(max_priority, saved_max)
-        if not taken:
+        taken = (saved == saved_rank).nonzero().squeeze(-1)
+        if not len(taken):
             continue
         scratch = _scratch_buffer(replay_buffer, manifest)
         kind_named(manifest["kind"], root).load(scratch, root, manifest)
         capacity = int(scratch.storage.max_size)
         # A full buffer's oldest item is where its writer writes next; otherwise slot 0.
         start = torchrl_compat.write_cursor(scratch) if len(scratch) == capacity else 0
-        slots = (start + torch.tensor([j for _, j in taken], dtype=torch.long)) % capacity
+        slots = (start + oldest_first[taken]) % capacity
         pieces.append(scratch.storage.get(slots))
         if prioritized:
             trees.append(tree[slots])
-        order += [i for i, _ in taken]
+        order.append(taken)
     if not order:
         return None, None, max_priority
-    position = torch.argsort(torch.tensor(order))
+    position = torch.argsort(torch.cat(order))
     if isinstance(replay_buffer.storage, ListStorage):
         flat = [item for piece in pieces for item in piece]
         items: Any = [flat[p] for p in position.tolist()]
