@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler
+from torchrl.data import (
+    LazyTensorStorage,
+    ListStorage,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+)
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler, SliceSampler
 
 from rb_lightning import ReplayBufferDataModule, UsageError
 from rb_lightning.checkpoint import BufferCheckpointError, buffer_dir_for, dump_buffer
@@ -184,3 +189,31 @@ def test_a_datamodule_resumed_on_other_ranks_samples_from_the_saved_stream_seed(
         return rb.sample(8)["id"].tolist()
 
     assert draws(11) == draws(11) != draws(12)
+
+
+def test_a_tensordict_prioritized_buffer_keeps_its_priorities(tmp_path):
+    saved = []
+    for rank in range(2):
+        rb = TensorDictPrioritizedReplayBuffer(storage=LazyTensorStorage(16), alpha=0.7, beta=0.5)
+        ids = rank * TAG + torch.arange(10)
+        rb.extend(TensorDict({"id": ids, "td_error": _priority(ids)}, batch_size=[10]))
+        saved.append(rb)
+    state, ckpt = _checkpoint(tmp_path, saved)
+    before = {**_held(saved[0], tmp_path)[1], **_held(saved[1], tmp_path)[1]}
+    restored = TensorDictPrioritizedReplayBuffer(storage=LazyTensorStorage(32), alpha=0.7, beta=0.5)
+    restore_buffer_state(restored, state, ckpt, rank=0, world_size=1)
+    assert _held(restored, tmp_path)[1] == before
+
+
+def test_trajectories_are_not_dealt_out(tmp_path):
+    def sliced(rank: int) -> ReplayBuffer:
+        rb = ReplayBuffer(storage=LazyTensorStorage(16), sampler=SliceSampler(num_slices=2))
+        ids = rank * TAG + torch.arange(8)
+        rb.extend(TensorDict({"id": ids, "episode": ids // 4}, batch_size=[8]))
+        return rb
+
+    state, ckpt = _checkpoint(tmp_path, [sliced(0), sliced(1)])
+    rb = ReplayBuffer(storage=LazyTensorStorage(16), sampler=SliceSampler(num_slices=2))
+    with pytest.raises(BufferCheckpointError, match="trajectories.*number of processes it was"):
+        restore_buffer_state(rb, state, ckpt, rank=0, world_size=1)
+    assert len(rb) == 0
