@@ -92,6 +92,8 @@ class ReplayBufferDataModule(LightningDataModule):
             :class:`rb_lightning.rl.DQN`).
         rate_limiter: A :class:`~rb_lightning.stream.rate_limiter.SamplesPerInsert`
             that holds sampling to a replay ratio (checkpointed; ``num_workers=0``).
+        resume_keep: DDP resumed on other ranks with too little room for every saved
+            item: ``"all"`` raises, ``"newest"`` drops the oldest (docs/scaling.md).
 
     Examples:
         >>> import torch
@@ -139,6 +141,7 @@ class ReplayBufferDataModule(LightningDataModule):
         eval_from_model: bool = False,
         invalid_priority: InvalidPriority = "raise",
         rate_limiter: SamplesPerInsert | None = None,
+        resume_keep: Literal["all", "newest"] = "all",
     ) -> None:
         super().__init__()
         self.replay_buffer = check_replay_buffer(replay_buffer)
@@ -178,6 +181,7 @@ class ReplayBufferDataModule(LightningDataModule):
             progress=self._fit_loop_progress,
             rate_limiter=self.rate_limiter,
             consumer_version=self._policy_version,
+            resume_keep=resume_keep,
         )
         # Lightning runs a loop for an overridden hook: bind val/test only with data behind.
         self.eval_from_model = bool(eval_from_model)

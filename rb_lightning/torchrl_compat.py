@@ -68,7 +68,10 @@ __all__ = [
     "set_default_batch_size",
     "storage_content",
     "without_generator",
+    "saved_priority_tree",
+    "set_priority_tree",
     "write_count",
+    "write_cursor",
 ]
 
 # -- torchrl's dumps layout ---------------------------------------------------------------------
@@ -193,6 +196,49 @@ def storage_content(storage: Storage) -> Any:
 def write_count(replay_buffer: ReplayBuffer) -> int | None:
     """Items written to ``replay_buffer`` since it was built (``writer._write_count``)."""
     return getattr(replay_buffer.writer, "_write_count", None)
+
+
+def write_cursor(replay_buffer: ReplayBuffer) -> int:
+    """Where a ``RoundRobinWriter`` writes next (``writer._cursor``): a full buffer's oldest item."""
+    return int(replay_buffer.writer._cursor)
+
+
+def saved_priority_tree(sampler_dir: str | os.PathLike[str]) -> tuple[torch.Tensor, float | None]:
+    """A dumped ``PrioritizedSampler``'s tree values per storage slot, and its raw max priority.
+
+    torchrl 0.14.1's ``PrioritizedSampler.dumps`` writes ``sumtree.memmap`` (float64,
+    one ``(priority + eps) ** alpha`` per slot) and ``sampler_metadata.json``
+    (``_max_capacity``, ``_max_priority`` as ``[value, index]``); read without a sampler.
+    """
+    root = Path(sampler_dir)
+    metadata = json.loads((root / "sampler_metadata.json").read_text())
+    capacity = int(metadata["_max_capacity"])
+    tree = torch.from_file(str(root / "sumtree.memmap"), size=capacity, dtype=torch.float64)
+    max_priority = (metadata.get("_max_priority") or [None])[0]
+    return tree.clone(), None if max_priority is None else float(max_priority)
+
+
+def set_priority_tree(
+    sampler: Any, index: torch.Tensor, values: torch.Tensor, max_priority: float | None
+) -> None:
+    """Write tree values (already ``(priority + eps) ** alpha``) of ``sampler``'s slots ``index``.
+
+    ``update_priority`` would apply the transform again, and inverting it loses
+    precision (and is impossible for ``alpha=0``); so the trees (``_sum_tree``,
+    ``_min_tree``) take the saved values as they are, and ``_max_priority`` (a
+    ``(raw value, slot)`` pair) the raw maximum at the slot of the largest value
+    written. Within-buffer tracking recomputes it from the trees, as torchrl's own load does.
+    """
+    if len(index) == 0:
+        return
+    device = sampler.device
+    index, values = index.to(device), values.to(device=device, dtype=sampler.dtype)
+    sampler._sum_tree[index] = values
+    sampler._min_tree[index] = values
+    if max_priority is not None:
+        sampler._max_priority = (max_priority, int(index[values.argmax()]))
+    if getattr(sampler, "_max_priority_within_buffer", False):
+        sampler._recompute_max_priority_from_tree()
 
 
 def has_custom_checkpointer_hooks(storage: Storage) -> bool:

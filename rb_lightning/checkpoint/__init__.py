@@ -24,6 +24,8 @@ permutation) and the sampling generator. The package, by job:
   :mod:`~rb_lightning.checkpoint.beside` holds the requests and references);
 * :mod:`~rb_lightning.checkpoint.load`: reading a saved buffer back from a
   dump, a ``.ckpt`` or a run directory (:func:`load_buffer`);
+* :mod:`~rb_lightning.checkpoint.elastic`: per-rank buffers of a DDP run resumed on
+  another number of ranks, every saved item dealt to exactly one of them;
 * :mod:`~rb_lightning.checkpoint.adapter`: a dump as a component of a
   ``torchrl.checkpoint.Checkpoint`` (:class:`BufferCheckpointAdapter`).
 

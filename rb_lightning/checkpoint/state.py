@@ -56,6 +56,7 @@ from .beside import (
 )
 from .components import ensure_generator
 from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+from .elastic import RESUME_OPTIONS, needs_redistribution, restore_share
 from .files import check_disk_space, pack_directory, sync_path, unpack_directory
 from .manifest import Verify, read_manifest
 
@@ -239,11 +240,25 @@ def restore_buffer_state(
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
 
     ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
-    run holds one buffer per rank; each rank restores its own, and a different
-    world size raises :class:`BufferCheckpointError`. ``verify``: what is checked
-    before the buffer is touched (see :func:`~rb_lightning.checkpoint.read_manifest`).
+    run holds one buffer per rank; each rank restores its own. Saved by another
+    number of processes, every rank takes its share of all the saved items instead
+    (:func:`~rb_lightning.checkpoint.elastic.restore_share`, with the options
+    :func:`~rb_lightning.checkpoint.elastic.with_resume_options` put in ``state``).
+    ``verify``: what is checked before the buffer is touched (see
+    :func:`~rb_lightning.checkpoint.read_manifest`).
     """
-    with _dump_directory(state, checkpoint_path, rank=rank, world_size=world_size) as root:
+    if needs_redistribution(state, world_size):
+        options = state.get(RESUME_OPTIONS, {})
+        return restore_share(
+            replay_buffer,
+            state,
+            checkpoint_path,
+            rank=rank,
+            world_size=world_size,
+            verify=verify,
+            **options,
+        )
+    with _dump_directory(state, checkpoint_path, rank=rank) as root:
         if root is None:
             return []
         return load_dump(replay_buffer, root, verify=verify)
@@ -255,7 +270,6 @@ def _dump_directory(
     checkpoint_path: str | os.PathLike | None,
     *,
     rank: int = 0,
-    world_size: int = 1,
 ) -> Iterator[Path | None]:
     """The dump directory of a :func:`buffer_state` (an inline one unpacked meanwhile).
 
@@ -266,15 +280,6 @@ def _dump_directory(
     if location == "remote":
         yield None
         return
-    saved_world = int(state.get("world_size", 1))
-    if saved_world != world_size:
-        raise BufferCheckpointError(
-            f"The checkpoint holds the replay buffers of {saved_world} process(es) (one per "
-            f"DDP rank), and it is being resumed with world_size={world_size}. Each rank "
-            "restores the buffer it saved, so the number of processes must match: resume "
-            f"with Trainer(devices=..., num_nodes=...) giving {saved_world} process(es) in "
-            "all, or start a new run and refill the buffers."
-        )
     if location == "inline":
         with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
             unpack_directory(state["archive"], tmp)

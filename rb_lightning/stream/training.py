@@ -17,6 +17,13 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from rb_lightning.checkpoint import Verify
+from rb_lightning.checkpoint.elastic import (
+    ResumeKeep,
+    check_resume_keep,
+    elastic_seed,
+    needs_redistribution,
+    with_resume_options,
+)
 from rb_lightning.stream.datasets import ReplayBufferBatchDataset
 from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetcher, move_batch
 from rb_lightning.stream.handles import BufferHandle
@@ -40,6 +47,9 @@ class TrainingStream:
             checkpointed with the stream.
         consumer_version: The learner's policy version (optimizer steps taken),
             given to version-gated samplers (``StalenessAwareSampler``) before each draw.
+        resume_keep: A resume on another number of processes whose buffers cannot
+            hold every saved item: ``"all"`` raises, ``"newest"`` drops the oldest
+            (see :mod:`rb_lightning.checkpoint.elastic`).
 
     Examples:
         >>> import torch
@@ -62,8 +72,10 @@ class TrainingStream:
         progress: Callable[[], tuple[int, bool] | None],
         rate_limiter: SamplesPerInsert | None = None,
         consumer_version: Callable[[], int] | None = None,
+        resume_keep: ResumeKeep = "all",
     ) -> None:
         self.loader_options = loader_options
+        self.resume_keep = check_resume_keep(resume_keep)
         self.rate_limiter = rate_limiter
         self.consumer_version = consumer_version
         # Loaders with workers redraw what they read ahead; an in-process one keeps it.
@@ -132,9 +144,20 @@ class TrainingStream:
     def load_state_dict(
         self, state: dict[str, Any], buffer: BufferHandle, trainer: Any, *, verify: Verify
     ) -> None:
-        """Restore :meth:`state_dict`; the restored read-ahead batches are handed out first."""
+        """Restore :meth:`state_dict`; the restored read-ahead batches are handed out first.
+
+        Saved by another number of processes, the buffer's items are dealt out anew
+        and this rank samples with a seed of the saved stream, its rank and the new
+        world size (:func:`~rb_lightning.checkpoint.elastic.elastic_seed`).
+        """
         self.state.load_state_dict(state["stream"])
         if self.rate_limiter is not None and "rate_limiter" in state:
             self.rate_limiter.load_state_dict(state["rate_limiter"])
-        if state.get("buffer") is not None:
-            self.state.replay_first(buffer.load_state_dict(state["buffer"], trainer, verify=verify))
+        saved = state.get("buffer")
+        if saved is None:
+            return
+        rank, world_size = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+        if needs_redistribution(saved, world_size):
+            seed = elastic_seed(state["stream"], rank, world_size)
+            saved = with_resume_options(saved, keep=self.resume_keep, seed=seed)
+        self.state.replay_first(buffer.load_state_dict(saved, trainer, verify=verify))

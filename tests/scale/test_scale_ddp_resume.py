@@ -2,7 +2,8 @@
 
 Real 2-rank gloo DDP on CPU (scripts/ddp_resume.py); each rank collects rank-tagged
 items into its own buffer. 8 steps straight vs 4 + resume + 4: every rank gets its own
-buffer back and draws the same batches as in the straight run.
+buffer back and draws the same batches as in the straight run. Resumes on another
+number of ranks: test_scale_ddp_elastic.py.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_checkpoint_has_one_buffer_per_rank_and_records_the_world_size(runs):
     assert not (runs["ckpt"].parent / ".rb_lightning-staging").exists()
 
 
-def test_resuming_with_another_world_size_is_a_clear_error(runs, tmp_path):
+def test_resuming_on_fewer_ranks_without_room_is_a_clear_error(runs, tmp_path):
     import lightning as L
 
     class Collector(L.LightningModule):  # never trains: the restore fails first
@@ -103,12 +104,18 @@ def test_resuming_with_another_world_size_is_a_clear_error(runs, tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
+    # The 2 saved buffers hold 56 + 66 items: more than one buffer of 64 holds.
     datamodule = ReplayBufferDataModule(
-        ReplayBuffer(storage=LazyTensorStorage(256)), batch_size=8, num_batches=None
+        ReplayBuffer(storage=LazyTensorStorage(64)), batch_size=8, num_batches=None
     )
     trainer = quiet_trainer(max_steps=8, default_root_dir=tmp_path)
-    with pytest.raises(BufferCheckpointError, match=r"(?s)2 process.*world_size=1"):
+    with pytest.raises(
+        BufferCheckpointError,
+        match=r"(?s)122 replay-buffer items saved by 2 process\(es\) \(56, 66\).*max_size=64"
+        r".*max_size of at least 122.*resume_keep='newest'",
+    ):
         trainer.fit(Collector(), datamodule=datamodule, ckpt_path=runs["ckpt"])
+    assert len(datamodule.replay_buffer) == 0
 
 
 def test_export_reads_one_rank_or_all_with_the_rank_as_source(runs, tmp_path, capsys):
