@@ -130,11 +130,12 @@ class BackgroundCollection:
             storing_device="cpu",
             auto_register_policy_transforms=False,
         )
+        # torchrl's multi-process collectors change this process's torch threads when
+        # they start and stop (minus, then plus, their workers); the trainer keeps its own.
+        self._torch_threads = torch.get_num_threads()
         if mode == "process":
-            # num_threads: torchrl would otherwise lower this process's torch threads.
-            threads = torch.get_num_threads()
             self.collector: Collector | AsyncCollector = AsyncCollector(
-                make_env, policy, num_threads=threads, **common
+                make_env, policy, num_threads=self._torch_threads, **common
             )
         else:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
@@ -264,6 +265,7 @@ class BackgroundCollection:
             self._thread.join(timeout=10)
         try:
             self.collector.shutdown(raise_on_error=False)
+            torch.set_num_threads(self._torch_threads)
         finally:
             # torchrl's weight sync waits for the worker's acknowledgement without a
             # timeout: a thread caught in it when the worker died stays blocked. It is a
