@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "cartpole_dqn": (["--trainer.max_steps=20"], "val_return", "test_return"),
     "pendulum_sac": (["--trainer.max_steps=20"], "val_return", "test_return"),
-    "cartpole_dqn_async": (["--trainer.max_steps=20"], "val_return", "test_return"),
-    "pendulum_sac_async": (["--trainer.max_steps=20"], "val_return", "test_return"),
+    # validate/test of the asynchronous twins are their synchronous configs' (same model).
+    "cartpole_dqn_async": (["--trainer.max_steps=20"], None, None),
+    "pendulum_sac_async": (["--trainer.max_steps=20"], None, None),
     "llm_sft": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
     "llm_grpo": (["--trainer.max_steps=3"], "val_accuracy", "test_accuracy"),
     "offline_from_disk": (["--trainer.max_steps=3"], "val_loss", "test_loss"),
@@ -64,6 +65,8 @@ def test_fit_then_validate_and_test_from_its_checkpoint(name, tmp_path):
     checkpoint = tmp_path / "runs" / name / "version_0" / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file()
 
+    if val_metric is None:
+        return
     for subcommand, metric in (("validate", val_metric), ("test", test_metric)):
         result = _train([subcommand, *common, "--ckpt_path", str(checkpoint)], tmp_path)
         out = result.stdout + result.stderr
