@@ -43,7 +43,9 @@ from rb_lightning.rl import DQN, OnlineCollector
 from rb_lightning.rl.acting import collection_env
 
 BATCH = 16
-ENV_ID = "async_overlap:BurnCartPole-v0"  # importable by the worker (this file's folder is on sys.path)
+ENV_ID = (
+    "async_overlap:BurnCartPole-v0"  # importable by the worker (this file's folder is on sys.path)
+)
 
 
 def burn(seconds: float) -> None:
@@ -160,7 +162,9 @@ def online(args, asynchronous: bool) -> float:
     dm = ReplayBufferDataModule(rb, batch_size=BATCH, num_batches=None, rate_limiter=limiter)
     _trainer(args, [collector, clock]).fit(_model(args), datamodule=dm)
     if limiter is not None and args.verbose:
-        print(f"  trainer waited {limiter.trainer_wait_s:.2f} s, collector {limiter.collector_wait_s:.2f} s")
+        print(
+            f"  trainer waited {limiter.trainer_wait_s:.2f} s, collector {limiter.collector_wait_s:.2f} s"
+        )
     return clock.seconds
 
 

@@ -403,86 +403,106 @@ def non_tensor_value(item: Any) -> Any:
     return item._non_tensordict["data"]
 
 
-# -- torchrl 0.14: what a shard of ShardedRayReplayBuffer runs inside its actor ----------------
-def shard_actor_ops() -> dict[str, Any]:
-    """Functions a buffer shard runs inside its Ray actor (through ``__ray_call__``).
+# -- torchrl 0.14: a shard of ShardedRayReplayBuffer, the class its Ray actor runs ----------------
+def shard_actor_class() -> Any:
+    """The class each Ray actor of a ``ShardedRayReplayBuffer`` runs: one torchrl ``ReplayBuffer``.
 
-    Nested on purpose: cloudpickle sends them by value, so a shard's process needs
-    torchrl only. Each is one actor call, atomic with respect to the shard's writes.
-    They read a ``PrioritizedSampler``'s sum and min trees (torchrl 0.14 has no
-    public accessor for a stored priority or the total mass).
+    Defined inside this function on purpose: Ray sends it by value once per actor, so
+    a shard's process needs torchrl only. Each method is one actor call, atomic with
+    respect to the shard's writes. It reads a ``PrioritizedSampler``'s sum and min
+    trees (torchrl 0.14 has no public accessor for a stored priority or the total mass).
     """
+    from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, RoundRobinWriter
 
-    def mass(rb: Any) -> tuple[int, float, float]:
-        # (items, sampling mass, smallest stored p**alpha); uniform: mass == items.
-        n = len(rb)
-        sampler = rb.sampler
-        if not hasattr(sampler, "_sum_tree") or n == 0:
-            return n, float(n), 1.0
-        return n, float(sampler._sum_tree.query(0, n)), float(sampler._min_tree.query(0, n))
+    class BufferShard:
+        def __init__(
+            self, capacity: int, prioritized: bool, alpha: float, beta: float, eps: float
+        ) -> None:
+            sampler: Any = (
+                PrioritizedSampler(capacity, alpha, beta, eps=eps)
+                if prioritized
+                else RandomSampler()
+            )
+            self.rb = ReplayBuffer(
+                storage=LazyTensorStorage(capacity),
+                sampler=sampler,
+                writer=RoundRobinWriter(track_generations=True),
+            )
 
-    def extend(rb: Any, data: Any) -> tuple[Any, tuple[int, float, float]]:
-        index = rb.extend(data)
-        return index, mass(rb)
+        def mass(self) -> tuple[int, float, float]:
+            # (items, sampling mass, smallest stored p**alpha); uniform: mass == items.
+            n = len(self.rb)
+            sampler = self.rb.sampler
+            if not hasattr(sampler, "_sum_tree") or n == 0:
+                return n, float(n), 1.0
+            return n, float(sampler._sum_tree.query(0, n)), float(sampler._min_tree.query(0, n))
 
-    def draw(rb: Any, n: int) -> tuple[Any, Any, Any, Any, tuple[int, float, float]]:
-        # (items, local index, generation, p**alpha of each or None, mass after)
-        batch, info = rb.sample(n, return_info=True)
-        index = torch.as_tensor(info["index"])
-        tree = getattr(rb.sampler, "_sum_tree", None)
-        stored = None if tree is None else torch.as_tensor(tree[index], dtype=torch.double)
-        return batch, index, info.get("index_generation"), stored, mass(rb)
+        def extend(self, data: Any) -> tuple[Any, tuple[int, float, float]]:
+            return self.rb.extend(data), self.mass()
 
-    def update(rb: Any, index: Any, generation: Any, priority: Any) -> int:
-        # Only slots still holding the sampled item: a slot overwritten since the sample
-        # (another generation) keeps the priority its new item got, as update_if_present does.
-        if generation is not None and rb.writer.tracks_generations:
-            live = rb.writer.generations_of(index) == generation
-            index, priority = index[live], priority[live]
-            dropped = int((~live).sum())
-        else:
+        def draw(self, n: int) -> tuple[Any, Any, Any, Any, tuple[int, float, float]]:
+            # (items, local index, generation, p**alpha of each or None, mass after)
+            batch, info = self.rb.sample(n, return_info=True)
+            index = torch.as_tensor(info["index"])
+            tree = getattr(self.rb.sampler, "_sum_tree", None)
+            stored = None if tree is None else torch.as_tensor(tree[index], dtype=torch.double)
+            return batch, index, info.get("index_generation"), stored, self.mass()
+
+        def update(self, index: Any, generation: Any, priority: Any) -> int:
+            # Only slots still holding the sampled item: a slot written again since the
+            # sample (another generation) keeps its new item's priority, as
+            # ReplayBuffer.update_if_present skips such slots.
             dropped = 0
-        if index.numel():
-            rb.update_priority(index, priority)
-        return dropped
+            if generation is not None:
+                live = self.rb.writer.generations_of(index) == generation
+                index, priority = index[live], priority[live]
+                dropped = int((~live).sum())
+            if index.numel():
+                self.rb.update_priority(index, priority)
+            return dropped
 
-    def read(rb: Any, alpha: float | None, eps: float) -> tuple[Any, Any]:
-        # Every item in storage order and its priority (None: uniform sampler).
-        n = len(rb)
-        if n == 0:
-            return None, None
-        items = rb[:n]
-        tree = getattr(rb.sampler, "_sum_tree", None)
-        if tree is None or alpha is None:
-            return items, None
-        stored = torch.as_tensor(tree[torch.arange(n)], dtype=torch.double)
-        return items, (stored ** (1.0 / alpha) - eps).clamp_min(0.0)
+        def read(self, alpha: float | None, eps: float) -> tuple[Any, Any]:
+            # Every item in storage order and its priority (None: uniform sampler).
+            n = len(self.rb)
+            if n == 0:
+                return None, None
+            items = self.rb[:n]
+            tree = getattr(self.rb.sampler, "_sum_tree", None)
+            if tree is None or alpha is None:
+                return items, None
+            stored = torch.as_tensor(tree[torch.arange(n)], dtype=torch.double)
+            return items, (stored ** (1.0 / alpha) - eps).clamp_min(0.0)
 
-    def dump(rb: Any, target: str) -> int:
-        if len(rb) == 0:
-            os.makedirs(target, exist_ok=True)
-        else:
-            rb.dumps(target)
-        return len(rb)
+        def dump(self, target: str) -> int:
+            if len(self.rb) == 0:
+                os.makedirs(target, exist_ok=True)
+            else:
+                self.rb.dumps(target)
+            return len(self.rb)
 
-    def load(rb: Any, source: str | None) -> int:
-        if source is None or not os.listdir(source):
-            rb.empty()
-        else:
-            rb.loads(source)
-        return len(rb)
+        def load(self, source: str) -> int:
+            if not os.listdir(source):
+                self.rb.empty()
+            else:
+                self.rb.loads(source)
+            return len(self.rb)
 
-    def clear(rb: Any) -> int:
-        rb.empty()
-        return 0
+        def clear(self) -> int:
+            self.rb.empty()
+            return 0
 
-    return {
-        "mass": mass,
-        "extend": extend,
-        "draw": draw,
-        "update": update,
-        "read": read,
-        "dump": dump,
-        "load": load,
-        "clear": clear,
-    }
+        def write_count(self) -> int:
+            return int(self.rb.write_count)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    return BufferShard
+
+
+def read_shard(replay_buffer: ReplayBuffer, alpha: float | None, eps: float) -> tuple[Any, Any]:
+    """Every item of a buffer loaded from a saved shard, and its priority (see above)."""
+    cls = shard_actor_class()
+    shard = cls.__new__(cls)  # no new buffer: read the given one
+    shard.rb = replay_buffer
+    return shard.read(alpha, eps)

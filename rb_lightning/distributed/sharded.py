@@ -2,7 +2,7 @@
 
 One buffer actor has one sampler thread: every rank's batch waits for it, one
 round trip at a time. :class:`ShardedRayReplayBuffer` puts ``num_shards``
-torchrl ``RayReplayBuffer`` actors behind one object usable wherever a
+Ray actors, each holding a torchrl ``ReplayBuffer``, behind one object usable wherever a
 ``ReplayBuffer`` is expected (:class:`~rb_lightning.ReplayBufferDataModule`, a
 collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``):
 
@@ -11,8 +11,8 @@ collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``)
   holds (uniform) or to each one's priority mass (prioritized), so an item is
   drawn as often as from one buffer holding everything; importance weights are
   computed against the smallest priority of all shards, as one buffer would;
-* ``in_flight`` sample requests stay queued at the shards, so the next batch is
-  already on its way while the step trains on this one;
+* ``in_flight=k`` batches come per round trip, and the next ``k`` are on their way
+  while the step trains on these;
 * a priority update goes to the shard that holds the item and is dropped for a
   slot written again since it was sampled (the slot's ``index_generation``, as
   torchrl's ``update_if_present`` does);
@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +50,7 @@ from torchrl.data import (
     PrioritizedSampler,
     RandomSampler,
     ReplayBuffer,
-    RoundRobinWriter,
 )
-from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rb_lightning import torchrl_compat
 from rb_lightning.distributed.sharded_handle import ShardedBuffer
@@ -63,7 +60,6 @@ from rb_lightning.validation import check_positive_int
 __all__ = ["ShardedRayReplayBuffer"]
 
 _META = "shards.json"
-_OPS = torchrl_compat.shard_actor_ops()
 
 
 class ShardedRayReplayBuffer(ReplayBuffer):
@@ -77,10 +73,14 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         num_shards: Buffer actors.
         prioritized: A ``PrioritizedSampler(alpha, beta)`` in each shard (else uniform).
         alpha, beta, eps: The prioritized sampler's settings.
-        in_flight: Sample requests kept queued at the shards (1: each batch waits for
-            its round trip). See docs/scaling.md for the measured choice of 4.
+        in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
+            its round trip). See docs/scaling.md for the measured choice of 16.
         seed: Seeds how each batch is split over the shards (each shard's own
             sampler draws from its own generator).
+        name: Names the shard actors (``name.0``, ``name.1``, ... in Ray namespace
+            ``rb_lightning``): every process that builds the buffer with the same
+            name and settings (each DDP rank, each collector) binds the same actors
+            instead of starting its own.
         ray_init_config: ``ray.init`` arguments when Ray is not initialised yet.
         actor_options: ``ray.remote`` options of every shard actor (``resources``
             to place them on a node, ``num_cpus``); default ``{"num_cpus": 0}``.
@@ -101,8 +101,9 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         alpha: float = 0.6,
         beta: float = 0.4,
         eps: float = 1e-8,
-        in_flight: int = 4,
+        in_flight: int = 16,
         seed: int = 0,
+        name: str | None = None,
         ray_init_config: dict[str, Any] | None = None,
         actor_options: dict[str, Any] | None = None,
     ) -> None:
@@ -116,26 +117,30 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         self._generator = torch.Generator().manual_seed(int(seed))
         self._next_writer = 0
         self._pending: deque[tuple[int, list[tuple[int, Any]]]] = deque()
+        self._ready: deque[TensorDictBase] = deque()
         self._updates: list[Any] = []
         self.dropped_updates = 0
         self._ray_init_config = dict(ray_init_config or {})
+        self.name = name
         options = {"num_cpus": 0, **(actor_options or {})}
-        self._shards = [self._new_shard(options) for _ in range(self.num_shards)]
+        self._shards = [self._new_shard(options, i) for i in range(self.num_shards)]
         self._masses = [(0, 0.0, 1.0)] * self.num_shards
 
-    def _new_shard(self, options: dict[str, Any]) -> RayReplayBuffer:
-        sampler: Any = (
-            partial(PrioritizedSampler, self.stride, self.alpha, self.beta, eps=self.eps)
-            if self.prioritized
-            else RandomSampler
-        )
-        return RayReplayBuffer(
-            storage=partial(LazyTensorStorage, self.stride),
-            sampler=sampler,
-            writer=partial(RoundRobinWriter, track_generations=True),
-            ray_init_config=self._ray_init_config or None,
-            remote_config=options,
-        )
+    def _new_shard(self, options: dict[str, Any], shard: int) -> Any:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(**self._ray_init_config)
+        if self.name is not None:
+            options = {
+                **options,
+                "name": f"{self.name}.{shard}",
+                "namespace": "rb_lightning",
+                "get_if_exists": True,
+            }
+        actor_cls: Any = ray.remote(**options)(torchrl_compat.shard_actor_class())
+        settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps)
+        return actor_cls.remote(*settings)
 
     # -- what a ReplayBuffer answers ---------------------------------------------------------
     def buffer_handle(self) -> ShardedBuffer:
@@ -148,13 +153,12 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
     def _call(self, shard: int, op: str, *args: Any) -> Any:
         """One call of ``op`` inside shard ``shard``'s actor: the pending result."""
-        actor = torchrl_compat.ray_buffer_actor(self._shards[shard])
-        if actor is None:
+        if not self._shards:
             raise BufferStateError(
                 "The ShardedRayReplayBuffer is closed: its shard actors are gone. Build a "
                 "new one (or loads() a saved one into a new one)."
             )
-        return actor.__ray_call__.remote(_OPS[op], *args)
+        return getattr(self._shards[shard], op).remote(*args)
 
     def _all(self, op: str, *args: Any) -> list[Any]:
         import ray
@@ -167,7 +171,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
     @property
     def write_count(self) -> int:
-        return sum(int(rb.write_count) for rb in self._shards)
+        return sum(self._all("write_count"))
 
     def shard_lengths(self) -> list[int]:
         """Items in each shard."""
@@ -214,30 +218,55 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         return [(shard, n) for shard, n in enumerate(counts) if n]
 
     def _request(self, batch_size: int) -> None:
-        parts = [(s, self._call(s, "draw", n)) for s, n in self._split(batch_size)]
+        # in_flight > 1: one call per shard draws in_flight batches at once (one round
+        # trip and one serialisation per call, not per batch), while the step trains
+        # on the previous call's batches.
+        burst = batch_size * self.in_flight
+        parts = [(s, self._call(s, "draw", n)) for s, n in self._split(burst)]
         self._pending.append((batch_size, parts))
+
+    def _drop_ahead(self) -> None:
+        """Forget the batches drawn ahead (content or batch size changed)."""
+        self._pending.clear()
+        self._ready.clear()
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """A batch of ``batch_size`` items with ``index`` (global), ``index_generation`` and,
-        when prioritized, ``priority_weight`` columns; ``in_flight`` more are requested."""
+        when prioritized, ``priority_weight`` columns.
+
+        With ``in_flight=k > 1`` the batches come ``k`` per round trip, and the next
+        ``k`` are requested as soon as the first of them is handed out: a batch may
+        be drawn up to ``2k - 1`` batches before it is returned (priority updates
+        made in between do not change it).
+        """
         import ray
 
         if batch_size is None:
             raise UsageError("batch_size", "ShardedRayReplayBuffer.sample needs a batch_size.")
-        if self._pending and self._pending[0][0] != batch_size:
-            self._pending.clear()  # asked for another size: those batches are not wanted
-        while len(self._pending) < self.in_flight:
+        ahead = [self._ready[0].shape[0]] if self._ready else []
+        ahead += [size for size, _ in self._pending]
+        if any(size != batch_size for size in ahead):
+            self._drop_ahead()  # asked for another size: those batches are not wanted
+        if not self._ready:
+            if not self._pending:
+                self._request(batch_size)
+            _, parts = self._pending.popleft()
+            try:
+                results = ray.get([ref for _, ref in parts])
+            except Exception:
+                self._drop_ahead()
+                raise
+            for (shard, _), result in zip(parts, results, strict=True):
+                self._masses[shard] = result[4]
+            drawn = self._assemble([shard for shard, _ in parts], results)
+            if len(parts) > 1:
+                # Shard by shard the items are grouped: a random order makes every batch
+                # an independent draw from the mixture of shards.
+                drawn = drawn[torch.randperm(drawn.shape[0], generator=self._generator)]
+            self._ready.extend(drawn.split(batch_size))
+        if self.in_flight > 1 and not self._pending:
             self._request(batch_size)
-        _, parts = self._pending.popleft()
-        try:
-            results = ray.get([ref for _, ref in parts])
-        except Exception:
-            self._pending.clear()
-            raise
-        self._request(batch_size)
-        for (shard, _), result in zip(parts, results, strict=True):
-            self._masses[shard] = result[4]
-        batch = self._assemble([shard for shard, _ in parts], results)
+        batch = self._ready.popleft()
         if return_info:
             info = {k: batch[k] for k in ("index", "priority_weight") if k in batch.keys()}
             return batch, info
@@ -303,7 +332,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         import ray
 
         self.flush()
-        self._pending.clear()
+        self._drop_ahead()
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         refs = [self._call(i, "dump", str(root / f"shard_{i}")) for i in range(self.num_shards)]
@@ -314,7 +343,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
             "prioritized": self.prioritized,
             "alpha": self.alpha,
             "lengths": lengths,
-            "write_counts": [int(rb.write_count) for rb in self._shards],
+            "write_counts": self._all("write_count"),
         }
         (root / _META).write_text(json.dumps(meta))
 
@@ -335,7 +364,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
                 f"{root} holds no ShardedRayReplayBuffer dump ({_META} unreadable: {err}). "
                 "Give the directory a ShardedRayReplayBuffer.dumps() wrote."
             ) from None
-        self._pending.clear()
+        self._drop_ahead()
         self.flush()
         saved = [str(root / f"shard_{i}") for i in range(meta["num_shards"])]
         if meta["num_shards"] == self.num_shards and meta["stride"] == self.stride:
@@ -366,7 +395,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         )
         local = ReplayBuffer(storage=LazyTensorStorage(meta["stride"]), sampler=sampler)
         local.loads(source)
-        return _OPS["read"](local, alpha, self.eps)
+        return torchrl_compat.read_shard(local, alpha, self.eps)
 
     def _spread(self, items: TensorDictBase, priority: torch.Tensor | None) -> None:
         """Items split evenly over the shards, the least filled first."""
@@ -384,7 +413,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
     def empty(self) -> None:
         """Remove every item from every shard."""
-        self._pending.clear()
+        self._drop_ahead()
         self.flush()
         self._all("clear")
         self._masses = [(0, 0.0, 1.0)] * self.num_shards
@@ -409,11 +438,21 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         merged = torch.cat(items)
         return merged, None if alpha is None else torch.cat(priorities)
 
+    def shard_pids(self) -> list[int]:
+        """The process id of each shard actor (to watch its CPU use)."""
+        import ray
+
+        refs = [self._call(i, "pid") for i in range(self.num_shards)]
+        return [int(pid) for pid in ray.get(refs)]
+
     def close(self) -> None:
-        """Kill every shard actor."""
-        self._pending.clear()
-        for rb in self._shards:
-            rb.close()
+        """Kill every shard actor (for every process that bound them by ``name``)."""
+        import ray
+
+        self._drop_ahead()
+        for actor in self._shards:
+            ray.kill(actor, no_restart=True)
+        self._shards = []
 
     def __repr__(self) -> str:
         kind = "prioritized" if self.prioritized else "uniform"

@@ -15,11 +15,13 @@ Example (not run: needs Ray)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
 
+from rb_lightning.checkpoint.manifest import Verify
+from rb_lightning.distributed.sharded_checkpoint import restore_sharded_state, sharded_state
 from rb_lightning.stream.handles import RemoteBuffer
 from rb_lightning.stream.priorities import InvalidPriority, check_priority
 
@@ -51,3 +53,12 @@ class ShardedBuffer(RemoteBuffer):
         generation = batch.get("index_generation", None)
         self.replay_buffer.update_priority(batch["index"].cpu(), checked, generation=generation)
         return replaced
+
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """Every shard, dumped by its actor beside the ``.ckpt`` on behalf of global rank 0."""
+        return sharded_state(self.replay_buffer, trainer)
+
+    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+        """Rank 0 loads the shards (onto this buffer's number of shards); every rank waits."""
+        restore_sharded_state(self.replay_buffer, state, trainer, verify=verify)
+        return []
