@@ -5,7 +5,9 @@ Every configuration samples a :class:`~rb_lightning.distributed.ShardedRayReplay
 ``ReplayBufferDataModule(rb).train_dataloader()`` in one or two rank processes (as DDP
 ranks would) on one local Ray instance. The ranks bind the shard actors by name and
 measure the same time windows. CPU use of every process (ranks and shard actors) over each
-window is read with psutil, so a run bound by the machine's cores shows it.
+window is read with psutil, so a run bound by the machine's cores shows it; ``projected``
+is the total with a core for each process (each one's rate over the share of a core it got,
+the slower side bounding; Ray's own daemons left out).
 
 Run from the repository root (about two minutes on 2 cores)::
 
@@ -146,13 +148,24 @@ def run_config(
     return rows
 
 
+def _projected(row: dict[str, Any], shards: int) -> float:
+    """Total items/s with a core for every rank and shard: each process's measured rate
+    divided by the share of a core it got, the slowest side (ranks or shards) bounding."""
+    ranks_cap = sum(
+        rate / max(cpu, 1e-3) for rate, cpu in zip(row["rates"], row["rank_cpu"], strict=True)
+    )
+    per_shard = sum(row["rates"]) / shards  # sizes are equal: each shard serves its share
+    shards_cap = sum(per_shard / max(cpu, 1e-3) for cpu in row["actor_cpu"])
+    return min(ranks_cap, shards_cap)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--samplers", nargs="+", default=["uniform", "prioritized"])
@@ -175,7 +188,7 @@ def main() -> None:
     )
     print(
         f"{'sampler':<12}{'shards':>7}{'ranks':>6}{'k':>4}{'per rank':>11}{'total':>11}"
-        f"{'rank CPU':>12}{'shard CPU':>12}"
+        f"{'rank CPU':>12}{'shard CPU':>12}{'projected':>12}"
     )
     for kind in args.samplers:
         for shards in args.shards:
@@ -195,6 +208,7 @@ def main() -> None:
                     actor_cpu = [
                         statistics.median(r["actor_cpu"][i] for r in mine) for i in range(shards)
                     ]
+                    projected = statistics.median(_projected(r, shards) for r in mine)
                     row = {
                         "sampler": kind,
                         "shards": shards,
@@ -204,12 +218,13 @@ def main() -> None:
                         "total": total,
                         "rank_cpu": rank_cpu,
                         "shard_cpu": actor_cpu,
+                        "projected_total": projected,
                     }
                     results.append(row)
                     print(
                         f"{kind:<12}{shards:>7}{ranks:>6}{k:>4}{per_rank:>11,.0f}"
                         f"{total:>11,.0f}{'/'.join(f'{c:.2f}' for c in rank_cpu):>12}"
-                        f"{'/'.join(f'{c:.2f}' for c in actor_cpu):>12}",
+                        f"{'/'.join(f'{c:.2f}' for c in actor_cpu):>12}{projected:>12,.0f}",
                         flush=True,
                     )
             rb.close()

@@ -72,7 +72,9 @@ class ShardedRayReplayBuffer(ReplayBuffer):
     Keyword Args:
         num_shards: Buffer actors.
         prioritized: A ``PrioritizedSampler(alpha, beta)`` in each shard (else uniform).
-        alpha, beta, eps: The prioritized sampler's settings.
+        alpha: The prioritized sampler's exponent of the priorities.
+        beta: The prioritized sampler's importance-weight exponent.
+        eps: Added to every priority (as torchrl's ``PrioritizedSampler``).
         in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
             its round trip). See docs/scaling.md for the measured choice of 16.
         seed: Seeds how each batch is split over the shards (each shard's own
