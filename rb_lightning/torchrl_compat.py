@@ -416,18 +416,17 @@ def shard_actor_class() -> Any:
 
     class BufferShard:
         def __init__(
-            self, capacity: int, prioritized: bool, alpha: float, beta: float, eps: float
+            self, capacity: int, prioritized: bool, alpha: float, beta: float, eps: float, seed: int
         ) -> None:
-            sampler: Any = (
-                PrioritizedSampler(capacity, alpha, beta, eps=eps)
-                if prioritized
-                else RandomSampler()
-            )
+            sampler: Any = RandomSampler()
+            if prioritized:
+                sampler = PrioritizedSampler(capacity, alpha, beta, eps=eps)
             self.rb = ReplayBuffer(
                 storage=LazyTensorStorage(capacity),
                 sampler=sampler,
                 writer=RoundRobinWriter(track_generations=True),
             )
+            self.rb.set_rng(torch.Generator().manual_seed(seed))
 
         def mass(self) -> tuple[int, float, float]:
             # (items, sampling mass, smallest stored p**alpha); uniform: mass == items.
@@ -448,7 +447,7 @@ def shard_actor_class() -> Any:
             stored = None if tree is None else torch.as_tensor(tree[index], dtype=torch.double)
             return batch, index, info.get("index_generation"), stored, self.mass()
 
-        def update(self, index: Any, generation: Any, priority: Any) -> int:
+        def update(self, index: Any, generation: Any, priority: Any) -> tuple[int, Any]:
             # Only slots still holding the sampled item: a slot written again since the
             # sample (another generation) keeps its new item's priority, as
             # ReplayBuffer.update_if_present skips such slots.
@@ -459,7 +458,7 @@ def shard_actor_class() -> Any:
                 dropped = int((~live).sum())
             if index.numel():
                 self.rb.update_priority(index, priority)
-            return dropped
+            return dropped, self.mass()
 
         def read(self, alpha: float | None, eps: float) -> tuple[Any, Any]:
             # Every item in storage order and its priority (None: uniform sampler).
@@ -498,11 +497,3 @@ def shard_actor_class() -> Any:
             return os.getpid()
 
     return BufferShard
-
-
-def read_shard(replay_buffer: ReplayBuffer, alpha: float | None, eps: float) -> tuple[Any, Any]:
-    """Every item of a buffer loaded from a saved shard, and its priority (see above)."""
-    cls = shard_actor_class()
-    shard = cls.__new__(cls)  # no new buffer: read the given one
-    shard.rb = replay_buffer
-    return shard.read(alpha, eps)

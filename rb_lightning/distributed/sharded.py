@@ -46,9 +46,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import (
-    LazyTensorStorage,
-    PrioritizedSampler,
-    RandomSampler,
     ReplayBuffer,
 )
 
@@ -77,8 +74,8 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         eps: Added to every priority (as torchrl's ``PrioritizedSampler``).
         in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
             its round trip). See docs/scaling.md for the measured choice of 16.
-        seed: Seeds how each batch is split over the shards (each shard's own
-            sampler draws from its own generator).
+        seed: Seeds how each batch is split over the shards and each shard's
+            sampler (shard ``i`` from ``seed * 1000 + i``).
         name: Names the shard actors (``name.0``, ``name.1``, ... in Ray namespace
             ``rb_lightning``): every process that builds the buffer with the same
             name and settings (each DDP rank, each collector) binds the same actors
@@ -116,11 +113,12 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         self.prioritized = bool(prioritized)
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.stride = -(-self.capacity // self.num_shards)
-        self._generator = torch.Generator().manual_seed(int(seed))
+        self._seed = int(seed)
+        self._generator = torch.Generator().manual_seed(self._seed)
         self._next_writer = 0
         self._pending: deque[tuple[int, list[tuple[int, Any]]]] = deque()
         self._ready: deque[TensorDictBase] = deque()
-        self._updates: list[Any] = []
+        self._updates: list[tuple[int, Any]] = []
         self.dropped_updates = 0
         self._ray_init_config = dict(ray_init_config or {})
         self.name = name
@@ -141,7 +139,8 @@ class ShardedRayReplayBuffer(ReplayBuffer):
                 "get_if_exists": True,
             }
         actor_cls: Any = ray.remote(**options)(torchrl_compat.shard_actor_class())
-        settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps)
+        seed = self._seed * 1_000 + shard  # each shard samples its own stream
+        settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps, seed)
         return actor_cls.remote(*settings)
 
     # -- what a ReplayBuffer answers ---------------------------------------------------------
@@ -311,22 +310,37 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         for shard in owner.unique().tolist():
             mine = owner == shard
             local = index[mine] - shard * self.stride
+            generations = None if gen is None else gen[mine]
             self._updates.append(
-                self._call(
-                    shard, "update", local, None if gen is None else gen[mine], priority[mine]
-                )
+                (shard, self._call(shard, "update", local, generations, priority[mine]))
             )
         # Ray runs one caller's calls on an actor in order: a later sample sees the update.
         # Collect finished results (and errors) without waiting.
-        done, self._updates = ray.wait(self._updates, num_returns=len(self._updates), timeout=0)
-        self.dropped_updates += sum(ray.get(done))
+        refs = [ref for _, ref in self._updates]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        self._collect(set(done))
+
+    def _collect(self, done: set[Any]) -> None:
+        """Count the finished updates' dropped items and take their shards' new masses."""
+        import ray
+
+        waiting = []
+        for shard, ref in self._updates:
+            if ref in done:
+                dropped, self._masses[shard] = ray.get(ref)
+                self.dropped_updates += dropped
+            else:
+                waiting.append((shard, ref))
+        self._updates = waiting
 
     def flush(self) -> None:
         """Wait for every priority update sent so far."""
         import ray
 
-        self.dropped_updates += sum(ray.get(self._updates))
-        self._updates = []
+        refs = [ref for _, ref in self._updates]
+        if refs:
+            ray.wait(refs, num_returns=len(refs))
+        self._collect(set(refs))
 
     # -- checkpoint --------------------------------------------------------------------------
     def dumps(self, path: str | os.PathLike[str]) -> None:
@@ -387,17 +401,13 @@ class ShardedRayReplayBuffer(ReplayBuffer):
             self._spread(items, priority)
 
     def _read_dump(self, source: str, meta: dict[str, Any], alpha: float | None) -> Any:
-        """A saved shard read by a temporary actor-free buffer of this process."""
+        """A saved shard read back in this process, by a shard object of the saved settings."""
         if not os.listdir(source):
             return None, None
-        sampler: Any = (
-            PrioritizedSampler(meta["stride"], alpha, self.beta, eps=self.eps)
-            if alpha is not None
-            else RandomSampler()
-        )
-        local = ReplayBuffer(storage=LazyTensorStorage(meta["stride"]), sampler=sampler)
-        local.loads(source)
-        return torchrl_compat.read_shard(local, alpha, self.eps)
+        shard_cls = torchrl_compat.shard_actor_class()
+        shard = shard_cls(meta["stride"], alpha is not None, alpha or 1.0, self.beta, self.eps, 0)
+        shard.rb.loads(source)
+        return shard.read(alpha, self.eps)
 
     def _spread(self, items: TensorDictBase, priority: torch.Tensor | None) -> None:
         """Items split evenly over the shards, the least filled first."""
