@@ -206,3 +206,31 @@ def test_checkpoint_holds_every_shard_and_resumes_onto_one(tmp_path, prioritized
         assert int(same.sum()) >= ITEMS - 8
     finally:
         one.close()
+
+
+def test_a_config_names_the_sharded_buffer(tmp_path):
+    """train.py reads the buffer from YAML (checked with --print_config: no Ray started)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    config = yaml.safe_load((root / "configs" / "cartpole_dqn_ray.yaml").read_text())
+    config["data"]["init_args"]["replay_buffer"] = {
+        "class_path": "rb_lightning.distributed.ShardedRayReplayBuffer",
+        "init_args": {"capacity": 50_000, "num_shards": 2, "prioritized": True, "name": "rb"},
+    }
+    path = tmp_path / "sharded.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = subprocess.run(
+        [sys.executable, str(root / "train.py"), "fit", "--config", str(path), "--print_config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    printed = yaml.safe_load(run.stdout)["data"]["init_args"]["replay_buffer"]
+    assert printed["class_path"] == "rb_lightning.distributed.ShardedRayReplayBuffer"
+    assert printed["init_args"]["num_shards"] == 2 and printed["init_args"]["in_flight"] == 16
