@@ -1,7 +1,25 @@
-"""Past one process: a replay buffer served by a Ray actor (torchrl's ``RayReplayBuffer``).
+"""Past one process: a replay buffer served by Ray actors (torchrl's ``RayReplayBuffer``).
 
 :mod:`~rb_lightning.distributed.ray` builds the buffer and its view from a config;
-:mod:`~rb_lightning.distributed.ray_checkpoint` checkpoints it through its actor.
+:mod:`~rb_lightning.distributed.ray_checkpoint` checkpoints it through its actor;
+:mod:`~rb_lightning.distributed.sharded` splits one buffer over several actors
+(:class:`ShardedRayReplayBuffer`, also reachable from a YAML config as
+``rb_lightning.distributed.ShardedRayReplayBuffer``).
 DDP ranks with one buffer each need nothing from here: see
 :class:`~rb_lightning.stream.handles.RankBuffers`. Imports Ray only when used.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ShardedRayReplayBuffer"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing the package (as the checkpoint code does) must not build Ray pieces.
+    if name == "ShardedRayReplayBuffer":
+        from rb_lightning.distributed.sharded import ShardedRayReplayBuffer
+
+        return ShardedRayReplayBuffer
+    raise AttributeError(f"module 'rb_lightning.distributed' has no attribute {name!r}")

@@ -87,6 +87,8 @@ def resolve_buffer(replay_buffer: ReplayBuffer, *, world_size: int = 1) -> Buffe
         UsageError: A torchrl ``ReplayBufferEnsemble`` that is not a
             ``BufferMixture`` (its nested batches cannot be routed).
     """
+    if callable(own := getattr(replay_buffer, "buffer_handle", None)):  # e.g. a sharded one
+        return own()
     if isinstance(replay_buffer, BufferMixture):
         return MixtureBuffer(replay_buffer)
     if isinstance(replay_buffer, ReplayBufferEnsemble):

@@ -25,6 +25,7 @@ PROTOCOL_RAISES = {
     ("sources/mixture.py", "items", "IndexError"),  # sequence indexing past the end
     ("stream/datasets.py", "__len__", "TypeError"),  # len() of an unbounded stream
     ("namespaces.py", "__getattr__", "AttributeError"),  # a module's missing attribute
+    ("distributed/__init__.py", "__getattr__", "AttributeError"),  # lazy module attribute
 }
 #: Built-ins that are not errors a user causes with an argument.
 #: (ImportError: an optional dependency is missing; its message names the extra.)

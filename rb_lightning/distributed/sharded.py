@@ -1,0 +1,474 @@
+"""A replay buffer split over several Ray actors, sampled as one (needs the ``ray`` extra).
+
+One buffer actor has one sampler thread: every rank's batch waits for it, one
+round trip at a time. :class:`ShardedRayReplayBuffer` puts ``num_shards``
+Ray actors, each holding a torchrl ``ReplayBuffer``, behind one object usable wherever a
+``ReplayBuffer`` is expected (:class:`~rb_lightning.ReplayBufferDataModule`, a
+collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``):
+
+* writes go to one shard per ``extend`` call, round robin (or ``shard=rank``);
+* a batch of ``B`` draws ``B`` items from the shards in proportion to what each
+  holds (uniform) or to each one's priority mass (prioritized), so an item is
+  drawn as often as from one buffer holding everything; importance weights are
+  computed against the smallest priority of all shards, as one buffer would;
+* ``in_flight=k`` batches come per round trip, and the next ``k`` are on their way
+  while the step trains on these;
+* a priority update goes to the shard that holds the item and is dropped for a
+  slot written again since it was sampled (the slot's ``index_generation``, as
+  torchrl's ``update_if_present`` does);
+* ``len``, ``write_count`` are totals over the shards; :meth:`dumps` saves every
+  shard and :meth:`loads` brings them back onto any number of shards.
+
+``import rb_lightning`` does not import this module.
+
+Example::
+
+    import torch
+    from tensordict import TensorDict
+    from rb_lightning.distributed import ShardedRayReplayBuffer
+
+    rb = ShardedRayReplayBuffer(1_000, num_shards=2, prioritized=True,
+                                ray_init_config={"num_cpus": 2})
+    rb.extend(TensorDict({"x": torch.arange(100)}, batch_size=[100]))
+    batch = rb.sample(32)                       # index, index_generation, priority_weight
+    rb.update_priority(batch["index"], torch.rand(32), generation=batch["index_generation"])
+    rb.close()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import (
+    ReplayBuffer,
+)
+
+from rb_lightning import torchrl_compat
+from rb_lightning.distributed.sharded_handle import ShardedBuffer
+from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
+from rb_lightning.validation import check_positive_int
+
+__all__ = ["ShardedRayReplayBuffer"]
+
+_META = "shards.json"
+
+
+class ShardedRayReplayBuffer(ReplayBuffer):
+    """``num_shards`` Ray buffer actors behind one ``ReplayBuffer``.
+
+    Args:
+        capacity: Items the whole buffer holds; each shard holds
+            ``ceil(capacity / num_shards)``.
+
+    Keyword Args:
+        num_shards: Buffer actors.
+        prioritized: A ``PrioritizedSampler(alpha, beta)`` in each shard (else uniform).
+        alpha: The prioritized sampler's exponent of the priorities.
+        beta: The prioritized sampler's importance-weight exponent.
+        eps: Added to every priority (as torchrl's ``PrioritizedSampler``).
+        in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
+            its round trip). See docs/scaling.md for the measured choice of 16.
+        seed: Seeds how each batch is split over the shards and each shard's
+            sampler (shard ``i`` from ``seed * 1000 + i``).
+        name: Names the shard actors (``name.0``, ``name.1``, ... in Ray namespace
+            ``rb_lightning``): every process that builds the buffer with the same
+            name and settings (each DDP rank, each collector) binds the same actors
+            instead of starting its own.
+        ray_init_config: ``ray.init`` arguments when Ray is not initialised yet.
+        actor_options: ``ray.remote`` options of every shard actor (``resources``
+            to place them on a node, ``num_cpus``); default ``{"num_cpus": 0}``.
+
+    Examples:
+        >>> ShardedRayReplayBuffer(10, num_shards=0)
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.UsageError: num_shards must be a positive integer, got 0.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        num_shards: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-8,
+        in_flight: int = 16,
+        seed: int = 0,
+        name: str | None = None,
+        ray_init_config: dict[str, Any] | None = None,
+        actor_options: dict[str, Any] | None = None,
+    ) -> None:
+        # Not ReplayBuffer.__init__: nothing is stored in this process.
+        self.capacity = check_positive_int(capacity, "capacity")
+        self.num_shards = check_positive_int(num_shards, "num_shards")
+        self.in_flight = check_positive_int(in_flight, "in_flight")
+        self.prioritized = bool(prioritized)
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.stride = -(-self.capacity // self.num_shards)
+        self._seed = int(seed)
+        self._generator = torch.Generator().manual_seed(self._seed)
+        self._next_writer = 0
+        self._pending: deque[tuple[int, list[tuple[int, Any]]]] = deque()
+        self._ready: deque[TensorDictBase] = deque()
+        self._updates: list[tuple[int, Any]] = []
+        self.dropped_updates = 0
+        self._ray_init_config = dict(ray_init_config or {})
+        self.name = name
+        options = {"num_cpus": 0, **(actor_options or {})}
+        self._shards = [self._new_shard(options, i) for i in range(self.num_shards)]
+        self._masses = [(0, 0.0, 1.0)] * self.num_shards
+
+    def _new_shard(self, options: dict[str, Any], shard: int) -> Any:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(**self._ray_init_config)
+        if self.name is not None:
+            options = {
+                **options,
+                "name": f"{self.name}.{shard}",
+                "namespace": "rb_lightning",
+                "get_if_exists": True,
+            }
+        actor_cls: Any = ray.remote(**options)(torchrl_compat.shard_actor_class())
+        seed = self._seed * 1_000 + shard  # each shard samples its own stream
+        settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps, seed)
+        return actor_cls.remote(*settings)
+
+    # -- what a ReplayBuffer answers ---------------------------------------------------------
+    def buffer_handle(self) -> ShardedBuffer:
+        """How a :class:`~rb_lightning.ReplayBufferDataModule` trains from this buffer."""
+        return ShardedBuffer(self)
+
+    @property
+    def service_backend(self) -> str:
+        return "ray"
+
+    def _call(self, shard: int, op: str, *args: Any) -> Any:
+        """One call of ``op`` inside shard ``shard``'s actor: the pending result."""
+        if not self._shards:
+            raise BufferStateError(
+                "The ShardedRayReplayBuffer is closed: its shard actors are gone. Build a "
+                "new one (or loads() a saved one into a new one)."
+            )
+        return getattr(self._shards[shard], op).remote(*args)
+
+    def _all(self, op: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([self._call(i, op, *args) for i in range(self.num_shards)])
+
+    def __len__(self) -> int:
+        self._masses = self._all("mass")
+        return sum(m[0] for m in self._masses)
+
+    @property
+    def write_count(self) -> int:
+        return sum(self._all("write_count"))
+
+    def shard_lengths(self) -> list[int]:
+        """Items in each shard."""
+        return [m[0] for m in self._all("mass")]
+
+    # -- writing -----------------------------------------------------------------------------
+    def extend(self, data: Any, *, shard: int | None = None) -> torch.Tensor:
+        """Write ``data`` into one shard (``shard``, e.g. the writer's rank; default: round robin).
+
+        Returns the global indices of the written items.
+        """
+        import ray
+
+        if shard is None:
+            shard, self._next_writer = self._next_writer, (self._next_writer + 1) % self.num_shards
+        elif not 0 <= shard < self.num_shards:
+            raise UsageError(
+                "shard", f"shard={shard!r} is not one of the {self.num_shards} shards (0-based)."
+            )
+        index, self._masses[shard] = ray.get(self._call(shard, "extend", data))
+        return torch.as_tensor(index) + shard * self.stride
+
+    def add(self, data: Any) -> int:
+        """Write one item (round robin)."""
+        batch = data.unsqueeze(0) if isinstance(data, TensorDictBase) else [data]
+        return int(self.extend(batch)[0])
+
+    # -- sampling ----------------------------------------------------------------------------
+    def _split(self, batch_size: int) -> list[tuple[int, int]]:
+        """(shard, items) to ask each shard for: multinomial over the shards' masses."""
+        if self.num_shards == 1:
+            return [(0, batch_size)]
+        weights = torch.tensor([m[1] for m in self._masses], dtype=torch.double)
+        if not weights.sum() > 0:
+            self._masses = self._all("mass")
+            weights = torch.tensor([m[1] for m in self._masses], dtype=torch.double)
+            if not weights.sum() > 0:
+                raise BufferStateError(
+                    "The ShardedRayReplayBuffer is empty, so there is nothing to sample. "
+                    "Fill it first (rb.extend(...)), or pass min_size=N to the DataModule."
+                )
+        picks = torch.multinomial(weights, batch_size, replacement=True, generator=self._generator)
+        counts = torch.bincount(picks, minlength=self.num_shards).tolist()
+        return [(shard, n) for shard, n in enumerate(counts) if n]
+
+    def _request(self, batch_size: int) -> None:
+        # in_flight > 1: one call per shard draws in_flight batches at once (one round
+        # trip and one serialisation per call, not per batch), while the step trains
+        # on the previous call's batches.
+        burst = batch_size * self.in_flight
+        parts = [(s, self._call(s, "draw", n)) for s, n in self._split(burst)]
+        self._pending.append((batch_size, parts))
+
+    def _drop_ahead(self) -> None:
+        """Forget the batches drawn ahead (content or batch size changed)."""
+        self._pending.clear()
+        self._ready.clear()
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
+        """A batch of ``batch_size`` items with ``index`` (global), ``index_generation`` and,
+        when prioritized, ``priority_weight`` columns.
+
+        With ``in_flight=k > 1`` the batches come ``k`` per round trip, and the next
+        ``k`` are requested as soon as the first of them is handed out: a batch may
+        be drawn up to ``2k - 1`` batches before it is returned (priority updates
+        made in between do not change it).
+        """
+        import ray
+
+        if batch_size is None:
+            raise UsageError("batch_size", "ShardedRayReplayBuffer.sample needs a batch_size.")
+        ahead = [self._ready[0].shape[0]] if self._ready else []
+        ahead += [size for size, _ in self._pending]
+        if any(size != batch_size for size in ahead):
+            self._drop_ahead()  # asked for another size: those batches are not wanted
+        if not self._ready:
+            if not self._pending:
+                self._request(batch_size)
+            _, parts = self._pending.popleft()
+            try:
+                results = ray.get([ref for _, ref in parts])
+            except Exception:
+                self._drop_ahead()
+                raise
+            for (shard, _), result in zip(parts, results, strict=True):
+                self._masses[shard] = result[4]
+            drawn = self._assemble([shard for shard, _ in parts], results)
+            if len(parts) > 1:
+                # Shard by shard the items are grouped: a random order makes every batch
+                # an independent draw from the mixture of shards.
+                drawn = drawn[torch.randperm(drawn.shape[0], generator=self._generator)]
+            self._ready.extend(drawn.split(batch_size))
+        if self.in_flight > 1 and not self._pending:
+            self._request(batch_size)
+        batch = self._ready.popleft()
+        if return_info:
+            info = {k: batch[k] for k in ("index", "priority_weight") if k in batch.keys()}
+            return batch, info
+        return batch
+
+    def _assemble(self, shards: list[int], results: list[Any]) -> TensorDictBase:
+        pieces = []
+        for shard, (items, index, generation, stored, _) in zip(shards, results, strict=True):
+            piece = items if isinstance(items, TensorDictBase) else TensorDict(items)
+            piece = piece.clone(False) if piece.is_locked else piece
+            # reshape: a one-item draw may come back as scalars
+            piece.set("index", torch.as_tensor(index).reshape(-1) + shard * self.stride)
+            if generation is not None:
+                piece.set("index_generation", torch.as_tensor(generation).reshape(-1))
+            if stored is not None:
+                piece.set("_stored_priority", stored.reshape(-1))
+            pieces.append(piece)
+        batch: TensorDictBase = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        if self.prioritized:
+            # One buffer's weight: (p_i / p_min)^-beta with p_min over every shard.
+            p_min = min(m[2] for m in self._masses if m[0] > 0)
+            stored = batch.pop("_stored_priority")
+            batch.set("priority_weight", (stored / p_min).pow(-self.beta).float())
+        return batch
+
+    # -- priorities --------------------------------------------------------------------------
+    def update_priority(self, index: Any, priority: Any, *, generation: Any = None) -> None:
+        """New priorities for items by global ``index``, each sent to its shard.
+
+        With ``generation`` (the batch's ``index_generation``), an item whose slot
+        was written again since it was sampled keeps its new item's priority
+        (counted in :attr:`dropped_updates`).
+        """
+        import ray
+
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        priority = torch.as_tensor(priority, dtype=torch.float).reshape(-1).expand(index.shape)
+        gen = None if generation is None else torch.as_tensor(generation).reshape(-1)
+        owner = index // self.stride
+        for shard in owner.unique().tolist():
+            mine = owner == shard
+            local = index[mine] - shard * self.stride
+            generations = None if gen is None else gen[mine]
+            self._updates.append(
+                (shard, self._call(shard, "update", local, generations, priority[mine]))
+            )
+        # Ray runs one caller's calls on an actor in order: a later sample sees the update.
+        # Collect finished results (and errors) without waiting.
+        refs = [ref for _, ref in self._updates]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        self._collect(set(done))
+
+    def _collect(self, done: set[Any]) -> None:
+        """Count the finished updates' dropped items and take their shards' new masses."""
+        import ray
+
+        waiting = []
+        for shard, ref in self._updates:
+            if ref in done:
+                dropped, self._masses[shard] = ray.get(ref)
+                self.dropped_updates += dropped
+            else:
+                waiting.append((shard, ref))
+        self._updates = waiting
+
+    def flush(self) -> None:
+        """Wait for every priority update sent so far."""
+        import ray
+
+        refs = [ref for _, ref in self._updates]
+        if refs:
+            ray.wait(refs, num_returns=len(refs))
+        self._collect(set(refs))
+
+    # -- checkpoint --------------------------------------------------------------------------
+    def dumps(self, path: str | os.PathLike[str]) -> None:
+        """Every shard's dump (torchrl's ``dumps``, written by the shard) under ``path``."""
+        import ray
+
+        self.flush()
+        self._drop_ahead()
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        refs = [self._call(i, "dump", str(root / f"shard_{i}")) for i in range(self.num_shards)]
+        lengths = ray.get(refs)
+        meta = {
+            "num_shards": self.num_shards,
+            "stride": self.stride,
+            "prioritized": self.prioritized,
+            "alpha": self.alpha,
+            "lengths": lengths,
+            "write_counts": self._all("write_count"),
+        }
+        (root / _META).write_text(json.dumps(meta))
+
+    def loads(self, path: str | os.PathLike[str]) -> None:
+        """Replace the content with a :meth:`dumps` of any number of shards.
+
+        The same shard layout loads each shard as saved (exact); another one
+        reads every saved item with its priority and spreads them evenly over
+        this buffer's shards: none lost, none twice.
+        """
+        import ray
+
+        root = Path(path)
+        try:
+            meta = json.loads((root / _META).read_text())
+        except (OSError, ValueError) as err:
+            raise BufferCheckpointError(
+                f"{root} holds no ShardedRayReplayBuffer dump ({_META} unreadable: {err}). "
+                "Give the directory a ShardedRayReplayBuffer.dumps() wrote."
+            ) from None
+        self._drop_ahead()
+        self.flush()
+        saved = [str(root / f"shard_{i}") for i in range(meta["num_shards"])]
+        if meta["num_shards"] == self.num_shards and meta["stride"] == self.stride:
+            ray.get([self._call(i, "load", p) for i, p in enumerate(saved)])
+            return
+        if sum(meta["lengths"]) > self.num_shards * self.stride:
+            raise BufferCheckpointError(
+                f"The dump at {root} holds {sum(meta['lengths'])} items, more than this "
+                f"buffer's {self.num_shards} shards of {self.stride} can hold. Build it with "
+                f"capacity >= {sum(meta['lengths'])}."
+            )
+        self.empty()
+        alpha = meta["alpha"] if meta["prioritized"] else None
+        for source in saved:
+            items, priority = self._read_dump(source, meta, alpha)
+            if items is None:
+                continue
+            self._spread(items, priority)
+
+    def _read_dump(self, source: str, meta: dict[str, Any], alpha: float | None) -> Any:
+        """A saved shard read back in this process, by a shard object of the saved settings."""
+        if not os.listdir(source):
+            return None, None
+        shard_cls = torchrl_compat.shard_actor_class()
+        shard = shard_cls(meta["stride"], alpha is not None, alpha or 1.0, self.beta, self.eps, 0)
+        shard.rb.loads(source)
+        return shard.read(alpha, self.eps)
+
+    def _spread(self, items: TensorDictBase, priority: torch.Tensor | None) -> None:
+        """Items split evenly over the shards, the least filled first."""
+        lengths = self.shard_lengths()
+        n = items.shape[0]
+        order = sorted(range(self.num_shards), key=lambda s: lengths[s])
+        chunks = torch.arange(n).tensor_split(self.num_shards)
+        for shard, chunk in zip(order, chunks, strict=True):
+            if chunk.numel() == 0:
+                continue
+            index = self.extend(items[chunk], shard=shard)
+            if priority is not None:
+                self.update_priority(index, priority[chunk])
+        self.flush()
+
+    def empty(self) -> None:
+        """Remove every item from every shard."""
+        self._drop_ahead()
+        self.flush()
+        self._all("clear")
+        self._masses = [(0, 0.0, 1.0)] * self.num_shards
+
+    def contents(self) -> tuple[TensorDictBase, torch.Tensor | None]:
+        """Every stored item (``index`` column: its global index) and its priority.
+
+        ``None`` for the priorities of a uniform buffer. One round trip per shard.
+        """
+        alpha = self.alpha if self.prioritized else None
+        parts = self._all("read", alpha, self.eps)
+        items, priorities = [], []
+        for shard, (rows, priority) in enumerate(parts):
+            if rows is None:
+                continue
+            rows = rows if isinstance(rows, TensorDictBase) else TensorDict(rows)
+            rows.set("index", torch.arange(rows.shape[0]) + shard * self.stride)
+            items.append(rows)
+            priorities.append(priority)
+        if not items:
+            raise BufferStateError("The ShardedRayReplayBuffer is empty: it has no contents.")
+        merged = torch.cat(items)
+        return merged, None if alpha is None else torch.cat(priorities)
+
+    def shard_pids(self) -> list[int]:
+        """The process id of each shard actor (to watch its CPU use)."""
+        import ray
+
+        refs = [self._call(i, "pid") for i in range(self.num_shards)]
+        return [int(pid) for pid in ray.get(refs)]
+
+    def close(self) -> None:
+        """Kill every shard actor (for every process that bound them by ``name``)."""
+        import ray
+
+        self._drop_ahead()
+        for actor in self._shards:
+            ray.kill(actor, no_restart=True)
+        self._shards = []
+
+    def __repr__(self) -> str:
+        kind = "prioritized" if self.prioritized else "uniform"
+        return (
+            f"{type(self).__name__}(capacity={self.capacity}, num_shards={self.num_shards}, "
+            f"{kind}, in_flight={self.in_flight})"
+        )
