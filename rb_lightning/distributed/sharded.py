@@ -49,7 +49,7 @@ from torchrl.data import (
     ReplayBuffer,
 )
 
-from rb_lightning import torchrl_compat
+from rb_lightning.distributed.shard_actor import shard_actor_class
 from rb_lightning.distributed.sharded_handle import ShardedBuffer
 from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
 from rb_lightning.validation import check_positive_int
@@ -138,7 +138,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
                 "namespace": "rb_lightning",
                 "get_if_exists": True,
             }
-        actor_cls: Any = ray.remote(**options)(torchrl_compat.shard_actor_class())
+        actor_cls: Any = ray.remote(**options)(shard_actor_class())
         seed = self._seed * 1_000 + shard  # each shard samples its own stream
         settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps, seed)
         return actor_cls.remote(*settings)
@@ -404,7 +404,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         """A saved shard read back in this process, by a shard object of the saved settings."""
         if not os.listdir(source):
             return None, None
-        shard_cls = torchrl_compat.shard_actor_class()
+        shard_cls = shard_actor_class()
         shard = shard_cls(meta["stride"], alpha is not None, alpha or 1.0, self.beta, self.eps, 0)
         shard.rb.loads(source)
         return shard.read(alpha, self.eps)
