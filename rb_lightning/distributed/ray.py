@@ -46,7 +46,12 @@ from rb_lightning.stream.priorities import (
     check_priority,
     current_max_priority,
 )
+from rb_lightning.stream.remote_prefetch import (
+    DEFAULT_BATCHES_PER_REQUEST,
+    DEFAULT_REQUESTS_IN_FLIGHT,
+)
 from rb_lightning.torchrl_compat import ray_buffer_actor
+from rb_lightning.validation import check_positive_int
 
 #: Ray namespace used when none is given, so owners and clients agree by default.
 DEFAULT_NAMESPACE = "rb_lightning"
@@ -100,6 +105,16 @@ class RayReplayBufferView(RayReplayBuffer):
             negative priorities, which would poison the shared sampler for every
             rank: ``"raise"`` (default) or ``"replace"`` (with ``1.0``: the
             actor's max priority is not read back), logging how many.
+        requests_in_flight: Sample calls a :class:`~rb_lightning.ReplayBufferDataModule`
+            keeps queued at the actor, so the next batch is drawn while the step
+            runs (``1``: one round trip per batch; default
+            :data:`~rb_lightning.stream.remote_prefetch.DEFAULT_REQUESTS_IN_FLIGHT`).
+        batches_per_request: Batches each of those calls draws, as one sample of
+            ``batches_per_request * batch_size`` items split in this process (only
+            for samplers that draw each item on its own: ``RandomSampler``,
+            ``PrioritizedSampler``; others draw one batch per call). Default
+            :data:`~rb_lightning.stream.remote_prefetch.DEFAULT_BATCHES_PER_REQUEST`;
+            see docs/scaling.md.
     """
 
     def __init__(
@@ -111,7 +126,11 @@ class RayReplayBufferView(RayReplayBuffer):
         timeout: float = 60.0,
         ray_init_config: dict[str, Any] | None = None,
         invalid_priority: InvalidPriority = "raise",
+        requests_in_flight: int = DEFAULT_REQUESTS_IN_FLIGHT,
+        batches_per_request: int = DEFAULT_BATCHES_PER_REQUEST,
     ) -> None:
+        self.requests_in_flight = check_positive_int(requests_in_flight, "requests_in_flight")
+        self.batches_per_request = check_positive_int(batches_per_request, "batches_per_request")
         # Not RayReplayBuffer.__init__, which would start a new actor: bind the named one,
         # through the same client torchrl's RayReplayBuffer.client() hands out.
         actor = _find_actor(name, namespace, address, timeout, ray_init_config or {})

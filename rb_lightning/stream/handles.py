@@ -15,8 +15,7 @@ a Ray-served buffer           :class:`RemoteBuffer`  by its actor, once, beside 
 a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
 ============================  ===================  =========================================
 
-A new kind of buffer (sharded, rate-limited) is a new handle here, not a new
-branch in every module that uses a buffer.
+A new kind of buffer is a new handle here, not a branch in every module using a buffer.
 
 Examples:
     >>> import torch
@@ -60,6 +59,7 @@ from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.stream.device_prefetch import check_device_storage, storage_device
 from rb_lightning.stream.loader import LoaderOptions
 from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
+from rb_lightning.stream.remote_prefetch import send_priority_update
 from rb_lightning.stream.sharding import is_remote
 
 logger = logging.getLogger(__name__)
@@ -310,9 +310,8 @@ class BufferHandle:
     ) -> int:
         """Write ``priority`` for the items of ``batch``; return how many were replaced."""
         rb = self.replay_buffer
-        # Where the sampler keeps its priorities: torchrl's PrioritizedSampler reports its
-        # segment trees' device (CUDA trees for a CUDA storage, when torchrl was built with
-        # CUDA; else CPU). Moving there once avoids a round trip through the other device.
+        # The sampler's sum trees' device (CUDA for a CUDA storage when torchrl has CUDA,
+        # else CPU): moving there once avoids a round trip through the other device.
         tree_device = getattr(getattr(rb, "sampler", None), "device", None)
         tree_device = torch.device(tree_device) if tree_device is not None else torch.device("cpu")
         priority = torch.as_tensor(priority).detach().to(tree_device)
@@ -362,6 +361,9 @@ class RemoteBuffer(BufferHandle):
     def describe(self) -> str:
         rb = self.replay_buffer
         return f"{type(rb).__name__}(len={len(rb)}, served by a {rb.service_backend} actor)"
+
+    def update_priority(self, batch: TensorDictBase, priority: torch.Tensor, **how: Any) -> int:
+        return send_priority_update(self.replay_buffer, batch, priority, **how)
 
     def in_process_buffers(self) -> list[ReplayBuffer]:
         return []

@@ -42,6 +42,7 @@ from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
 from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
+from rb_lightning.stream.remote_prefetch import GENERATION_KEY, RemoteSampleQueue, pipeline_options
 from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
 from rb_lightning.validation import check_positive_int, check_replay_buffer
 
@@ -116,6 +117,8 @@ class BufferStream:
         #: The learner's policy version, handed to version-gated samplers before each draw.
         self.consumer_version: Callable[[], int] | None = None
         self._versioned: list[Any] = self._handle.version_tracking_samplers()
+        #: Sample requests queued at a Ray buffer's actor (created by the first draw).
+        self._remote: RemoteSampleQueue | None = None
 
     # -- read-only configuration ------------------------------------------------------------
     @property
@@ -143,6 +146,7 @@ class BufferStream:
         state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
         del state["_handle"], state["_versioned"]  # rebuilt around the unpickled buffer
         state["consumer_version"] = None  # a worker's copy gets no version updates
+        state["_remote"] = None  # a copy sends its own requests
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -247,6 +251,8 @@ class BufferStream:
         return batch
 
     def _draw(self) -> Any:
+        if not self._handle.samples_in_process:
+            return self._draw_remote()
         if self._direct and torchrl_compat.direct_sampling_ready(self._replay_buffer):
             return self._draw_direct()
         rb = self._replay_buffer
@@ -290,6 +296,19 @@ class BufferStream:
         else:
             info["index"] = index
             _attach(batch, info)
+        return batch
+
+    def _draw_remote(self) -> Any:
+        """The oldest of the requests queued at the buffer's actor (:mod:`.remote_prefetch`)."""
+        if self._remote is None:
+            depth, per_request = pipeline_options(self._replay_buffer)
+            self._remote = RemoteSampleQueue(
+                self._replay_buffer, self._batch_size, depth, per_request
+            )
+        batch, info = self._remote.next()
+        if isinstance(batch, TensorDictBase) and _attach(batch, info):
+            if GENERATION_KEY in info and GENERATION_KEY not in batch.keys():
+                batch.set(GENERATION_KEY, torch.as_tensor(info[GENERATION_KEY]))
         return batch
 
     def __repr__(self) -> str:

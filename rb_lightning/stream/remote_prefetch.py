@@ -1,0 +1,278 @@
+"""Sample requests kept in flight to a Ray-served buffer; priority updates that skip rewritten slots.
+
+A Ray-served buffer (``ReplayBuffer(service_backend="ray")``, a
+:class:`~rb_lightning.distributed.ray.RayReplayBufferView`) samples inside its
+actor, so a batch asked for one at a time costs a full round trip (request,
+sample, serialise, reply) while the trainer waits. :class:`RemoteSampleQueue`
+keeps ``requests_in_flight`` calls to the actor's own ``sample`` queued
+(``actor.sample.remote(...)`` futures, read with ``ray.get``): while the trainer
+works on one batch, the actor draws the next ones.
+
+What a queued request means:
+
+* each batch reflects the buffer (content and priorities) as of when its request
+  reached the actor, up to ``requests_in_flight - 1`` batches before it is handed out;
+* the requests still queued when a run stops or is checkpointed are dropped;
+  sampling takes nothing out of the buffer, so nothing stored is lost, and a
+  resumed run issues new requests (a Ray buffer's stream is not bit-exact on
+  resume either way: docs/checkpoints.md).
+
+Priority updates (:func:`send_priority_update`) go to the actor without waiting
+for a reply (Ray runs one caller's calls to an actor in order, so they land
+before any request issued later), and an update for a slot that a writer
+rewrote between the draw and the update is dropped, as torchrl drops it: when
+the actor's writer tracks slot generations
+(``RoundRobinWriter(track_generations=True)``), each sample carries
+``"index_generation"`` and the update keeps only the slots whose generation is
+unchanged (torchrl's ``update_if_present`` rule); the others are sent to the
+sampler as index ``-1``, which ``PrioritizedSampler.update_priority`` skips.
+
+This module imports Ray only when a Ray buffer is sampled.
+
+Example (needs Ray; ``tests/scale/test_remote_prefetch.py`` runs it)::
+
+    from functools import partial
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    owner = ReplayBuffer(storage=partial(LazyTensorStorage, 1_000), service_backend="ray")
+    owner.extend(data)
+    queue = RemoteSampleQueue(owner, batch_size=256, requests_in_flight=4)
+    batch, info = queue.next()  # four requests were sent; three are still in flight
+    queue.drop()
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from rb_lightning.errors import BufferStateError
+from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
+from rb_lightning.torchrl_compat import ray_buffer_actor
+from rb_lightning.validation import check_positive_int
+
+#: Calls kept in flight, and batches each draws, when the buffer does not say
+#: (measured: benchmarks/scale.py, docs/scaling.md).
+DEFAULT_REQUESTS_IN_FLIGHT = 4
+DEFAULT_BATCHES_PER_REQUEST = 4
+#: The sample column with each slot's generation (torchrl's name, from a tracking writer).
+GENERATION_KEY = "index_generation"
+#: Priority updates sent but not yet confirmed, past which the next update waits for the oldest.
+MAX_UNCONFIRMED_UPDATES = 64
+
+
+def pipeline_options(replay_buffer: Any) -> tuple[int, int]:
+    """The buffer's ``(requests_in_flight, batches_per_request)`` (``RayReplayBufferView``
+    options), else the defaults."""
+    depth = getattr(replay_buffer, "requests_in_flight", None)
+    per_request = getattr(replay_buffer, "batches_per_request", None)
+    return (
+        check_positive_int(
+            DEFAULT_REQUESTS_IN_FLIGHT if depth is None else depth, "requests_in_flight"
+        ),
+        check_positive_int(
+            DEFAULT_BATCHES_PER_REQUEST if per_request is None else per_request,
+            "batches_per_request",
+        ),
+    )
+
+
+def _actor(replay_buffer: Any) -> Any:
+    actor = ray_buffer_actor(replay_buffer)
+    if actor is None:
+        raise BufferStateError(
+            f"{type(replay_buffer).__name__} is closed: it has no actor to sample. Build a new "
+            "view (RayReplayBufferView(name=...)) or a new Ray-backed buffer."
+        )
+    return actor
+
+
+class RemoteSampleQueue:
+    """``requests_in_flight`` sample calls queued at a Ray buffer's actor, answered in order.
+
+    Each call draws ``batches_per_request`` batches as one sample of
+    ``batches_per_request * batch_size`` items, split here: the same items as that
+    many draws in a row when the sampler draws each item independently (torchrl's
+    ``RandomSampler`` and ``PrioritizedSampler``, no transform in the actor); any
+    other buffer gets one batch per call.
+
+    Args:
+        replay_buffer: A Ray-served torchrl buffer (owner or view).
+        batch_size: Items per batch.
+        requests_in_flight: Calls kept queued; ``1`` is one round trip per call.
+        batches_per_request: Batches each call draws.
+    """
+
+    def __init__(
+        self,
+        replay_buffer: Any,
+        batch_size: int,
+        requests_in_flight: int,
+        batches_per_request: int = 1,
+    ) -> None:
+        self._actor = _actor(replay_buffer)
+        self._batch_size = check_positive_int(batch_size, "batch_size")
+        self._depth = check_positive_int(requests_in_flight, "requests_in_flight")
+        per_request = check_positive_int(batches_per_request, "batches_per_request")
+        if per_request > 1 and not _draws_independent_items(self._actor):
+            per_request = 1
+        self._per_request = per_request
+        self._pending: deque[Any] = deque()
+        self._ready: deque[tuple[Any, dict[str, Any]]] = deque()
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Calls kept queued at the actor."""
+        return self._depth
+
+    @property
+    def batches_per_request(self) -> int:
+        """Batches each call draws (``1`` for a sampler whose draws are not independent)."""
+        return self._per_request
+
+    def __len__(self) -> int:
+        """Calls sent and not yet read."""
+        return len(self._pending)
+
+    def next(self) -> tuple[Any, dict[str, Any]]:
+        """The next ``(batch, info)``: a batch of the oldest reply, the queue topped up first.
+
+        A failed call (an empty buffer, a dead actor) drops every queued one
+        before its error is raised: the next call starts a fresh queue.
+        """
+        if self._ready:
+            return self._ready.popleft()
+        import ray
+
+        items = self._batch_size * self._per_request
+        while len(self._pending) < self._depth:
+            self._pending.append(self._actor.sample.remote(items, return_info=True))
+        try:
+            batch, info = ray.get(self._pending.popleft())
+        except Exception:
+            self.drop()
+            raise
+        if self._per_request == 1 or not isinstance(batch, TensorDictBase) or len(batch) != items:
+            return batch, info
+        size = self._batch_size
+        for start in range(0, items, size):
+            part = {
+                k: v[start : start + size] if _per_item(v, items) else v for k, v in info.items()
+            }
+            self._ready.append((batch[start : start + size], part))
+        return self._ready.popleft()
+
+    def drop(self) -> None:
+        """Forget the queued calls and split batches (the actor still answers; replies are freed)."""
+        self._pending.clear()
+        self._ready.clear()
+
+
+def _per_item(value: Any, items: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == items
+
+
+def _draws_independent_items(actor: Any) -> bool:
+    """Whether the actor's buffer draws each item on its own: one sample of ``m * B``
+    items is then ``m`` samples of ``B`` (one actor call, at queue creation)."""
+    import ray
+
+    # Sent by value, as the update below: the actor needs torchrl only.
+    def independent(rb: Any) -> bool:
+        from torchrl.data import PrioritizedSampler, RandomSampler, TensorStorage
+
+        return (
+            type(rb.sampler) in (RandomSampler, PrioritizedSampler)
+            and isinstance(rb.storage, TensorStorage)
+            and len(rb.transform) == 0
+        )
+
+    return bool(ray.get(actor.__ray_call__.remote(independent)))
+
+
+class _UnconfirmedUpdates:
+    """Priority updates sent to one actor: their errors are raised at a later update."""
+
+    def __init__(self) -> None:
+        self.refs: deque[Any] = deque()
+
+    def check(self) -> None:
+        import ray
+
+        if len(self.refs) >= MAX_UNCONFIRMED_UPDATES:
+            ray.get(self.refs.popleft())
+        done, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
+        for ref in done:
+            self.refs.remove(ref)
+            ray.get(ref)  # raises the actor's error, if any
+
+
+_UNCONFIRMED: weakref.WeakKeyDictionary[Any, _UnconfirmedUpdates] = weakref.WeakKeyDictionary()
+
+
+def send_priority_update(
+    replay_buffer: Any,
+    batch: TensorDictBase,
+    priority: Any,
+    *,
+    invalid: InvalidPriority = "raise",
+    where: str = "update_priority",
+) -> int:
+    """Send new priorities for ``batch``'s items to a Ray buffer's actor; return how many
+    invalid ones were replaced (:func:`~rb_lightning.stream.priorities.check_priority`).
+
+    Returns without waiting for the actor; an error it raised comes out of the
+    next call. With ``"index_generation"`` in ``batch``, slots rewritten since the
+    draw keep their priority (see the module docstring).
+    """
+    priority = torch.as_tensor(priority).detach().cpu()
+    checked = check_priority(
+        priority,
+        invalid=invalid,
+        replacement=lambda: current_max_priority(replay_buffer),
+        where=where,
+    )
+    replaced = 0 if checked is priority else int((checked != priority).sum())
+    index = batch["index"].cpu()
+    generation = batch.get(GENERATION_KEY, None)
+    generation = None if generation is None else generation.cpu()
+    pending = _UNCONFIRMED.setdefault(replay_buffer, _UnconfirmedUpdates())
+    pending.check()
+
+    # Runs in the actor, sent by value (the actor needs torchrl only). The generation check
+    # and the update are one actor call: no write lands between them.
+    def update_live(rb: Any, index: Any, priority: Any, generation: Any) -> int:
+        dropped = 0
+        if generation is not None:
+            current = rb.writer.generations_of(index)
+            live = (current >= 0) & (generation >= 0) & (current == generation)
+            dropped = int((~live).sum())
+            index = torch.where(live, index, torch.full_like(index, -1))
+        rb.update_priority(index, priority)
+        return dropped
+
+    actor = _actor(replay_buffer)
+    pending.refs.append(actor.__ray_call__.remote(update_live, index, checked, generation))
+    return replaced
+
+
+def drained(replay_buffer: Any) -> list[int]:
+    """Wait for every update sent to ``replay_buffer``'s actor; the dropped count of each."""
+    import ray
+
+    pending = _UNCONFIRMED.pop(replay_buffer, None)
+    return [] if pending is None else [int(n) for n in ray.get(list(pending.refs))]
+
+
+__all__ = [
+    "DEFAULT_BATCHES_PER_REQUEST",
+    "DEFAULT_REQUESTS_IN_FLIGHT",
+    "GENERATION_KEY",
+    "RemoteSampleQueue",
+    "drained",
+    "pipeline_options",
+    "send_priority_update",
+]
