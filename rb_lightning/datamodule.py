@@ -32,6 +32,7 @@ from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.loader import LoaderOptions, batch_loader, model_dataloader
 from rb_lightning.stream.priorities import InvalidPriority, check_invalid_priority_mode
 from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
+from rb_lightning.stream.remote_prefetch import drained
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.state import fit_loop_progress
 from rb_lightning.stream.training import TrainingStream
@@ -291,8 +292,10 @@ class ReplayBufferDataModule(LightningDataModule):
         )
 
     def teardown(self, stage: str) -> None:
-        """Drop the device copies still in flight (``prefetch_to_device``) when fit ends."""
+        """Drop the device copies still in flight (``prefetch_to_device``) when fit ends, and
+        wait for the priority updates sent to a Ray buffer's actor (``remote_prefetch``)."""
         self._training.drop_copies()
+        drained(self.replay_buffer)
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

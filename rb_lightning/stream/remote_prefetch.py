@@ -3,19 +3,21 @@
 A Ray-served buffer (``ReplayBuffer(service_backend="ray")``, a
 :class:`~rb_lightning.distributed.ray.RayReplayBufferView`) samples inside its
 actor, so a batch asked for one at a time costs a full round trip (request,
-sample, serialise, reply) while the trainer waits. :class:`RemoteSampleQueue`
-keeps ``requests_in_flight`` calls to the actor's own ``sample`` queued
-(``actor.sample.remote(...)`` futures, read with ``ray.get``): while the trainer
-works on one batch, the actor draws the next ones.
+sample, serialise, reply) while the trainer waits, and most of that cost is per
+call, not per item. :class:`RemoteSampleQueue` keeps ``requests_in_flight`` calls
+to the actor's own ``sample`` queued (``actor.sample.remote(...)`` futures, read
+with ``ray.get``), each drawing ``batches_per_request`` batches at once: while the
+trainer works on one batch, the actor draws the next ones.
 
-What a queued request means:
+What a queued call means:
 
-* each batch reflects the buffer (content and priorities) as of when its request
-  reached the actor, up to ``requests_in_flight - 1`` batches before it is handed out;
-* the requests still queued when a run stops or is checkpointed are dropped;
-  sampling takes nothing out of the buffer, so nothing stored is lost, and a
-  resumed run issues new requests (a Ray buffer's stream is not bit-exact on
-  resume either way: docs/checkpoints.md).
+* a batch reflects the buffer (content and priorities) as of when its call reached
+  the actor: at most ``requests_in_flight * batches_per_request - 1`` batches
+  before it is handed out, as with any sampling ahead (torchrl's ``prefetch``);
+* a checkpoint does not hold the queued calls: sampling takes nothing out of the
+  buffer, so nothing stored is lost when their replies are dropped, and a resumed
+  run sends new calls (a Ray buffer's stream is not bit-exact on resume either
+  way: docs/checkpoints.md).
 
 Priority updates (:func:`send_priority_update`) go to the actor without waiting
 for a reply (Ray runs one caller's calls to an actor in order, so they land
@@ -29,19 +31,29 @@ sampler as index ``-1``, which ``PrioritizedSampler.update_priority`` skips.
 
 This module imports Ray only when a Ray buffer is sampled.
 
-Example (needs Ray; ``tests/scale/test_remote_prefetch.py`` runs it)::
+Example (needs Ray, so a literal block rather than a doctest;
+``tests/scale/test_remote_prefetch.py`` runs the same)::
 
     from functools import partial
+    import ray
+    import torch
+    from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, ReplayBuffer
+    from rb_lightning.stream.remote_prefetch import RemoteSampleQueue
+
+    ray.init(num_cpus=1, include_dashboard=False)
     owner = ReplayBuffer(storage=partial(LazyTensorStorage, 1_000), service_backend="ray")
-    owner.extend(data)
-    queue = RemoteSampleQueue(owner, batch_size=256, requests_in_flight=4)
-    batch, info = queue.next()  # four requests were sent; three are still in flight
-    queue.drop()
+    owner.extend(TensorDict({"x": torch.arange(1_000)}, batch_size=[1_000]))
+    queue = RemoteSampleQueue(owner, batch_size=64, requests_in_flight=4, batches_per_request=2)
+    batch, info = queue.next()  # 4 calls of 128 items sent; the first reply split in two
+    assert batch.batch_size == torch.Size([64]) and len(queue) == 3
+    owner.close()
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import weakref
 from collections import deque
 from typing import Any
@@ -53,6 +65,8 @@ from rb_lightning.errors import BufferStateError
 from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
 from rb_lightning.torchrl_compat import ray_buffer_actor
 from rb_lightning.validation import check_positive_int
+
+logger = logging.getLogger(__name__)
 
 #: Calls kept in flight, and batches each draws, when the buffer does not say
 #: (measured: benchmarks/scale.py, docs/scaling.md).
@@ -213,6 +227,16 @@ class _UnconfirmedUpdates:
 _UNCONFIRMED: weakref.WeakKeyDictionary[Any, _UnconfirmedUpdates] = weakref.WeakKeyDictionary()
 
 
+def _drain_at_exit() -> None:
+    """At interpreter exit, before Ray's own shutdown (registered later: runs first): a
+    process that updates and exits (a DDP rank after ``fit``) still delivers its updates."""
+    for replay_buffer in list(_UNCONFIRMED.keys()):
+        try:
+            drained(replay_buffer)
+        except Exception as err:  # the actor may be gone already; say so, do not raise at exit
+            logger.warning("Priority updates for %s were not confirmed: %s", replay_buffer, err)
+
+
 def send_priority_update(
     replay_buffer: Any,
     batch: TensorDictBase,
@@ -239,6 +263,9 @@ def send_priority_update(
     index = batch["index"].cpu()
     generation = batch.get(GENERATION_KEY, None)
     generation = None if generation is None else generation.cpu()
+    if not _UNCONFIRMED:  # registered again after Ray's own exit hook, so it runs before it
+        atexit.unregister(_drain_at_exit)
+        atexit.register(_drain_at_exit)
     pending = _UNCONFIRMED.setdefault(replay_buffer, _UnconfirmedUpdates())
     pending.check()
 
@@ -260,11 +287,20 @@ def send_priority_update(
 
 
 def drained(replay_buffer: Any) -> list[int]:
-    """Wait for every update sent to ``replay_buffer``'s actor; the dropped count of each."""
+    """Wait for the updates sent to ``replay_buffer``'s actor and not confirmed yet; return
+    how many slots each dropped. Nothing to wait for (any other buffer): ``[]``.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> drained(ReplayBuffer(storage=LazyTensorStorage(4)))
+        []
+    """
+    pending = _UNCONFIRMED.pop(replay_buffer, None)
+    if pending is None or not pending.refs:
+        return []
     import ray
 
-    pending = _UNCONFIRMED.pop(replay_buffer, None)
-    return [] if pending is None else [int(n) for n in ray.get(list(pending.refs))]
+    return [int(n) for n in ray.get(list(pending.refs))]
 
 
 __all__ = [

@@ -65,7 +65,9 @@ def main(out_dir: Path, address: str, name: str, total: int) -> None:
     while len(buffer) < total and time.monotonic() < deadline:
         time.sleep(0.1)
     index = torch.tensor([BOOSTED_INDEX + rank])
-    dm.update_priority(TensorDict({"index": index}, batch_size=[1]), torch.tensor([1e6]))
+    # Far above any training priority: the untrained layer's errors reach ~1e7, and items the
+    # collector wrote after such an update got that as their (max) priority.
+    dm.update_priority(TensorDict({"index": index}, batch_size=[1]), torch.tensor([1e12]))
     result = {"rank": rank, "global_step": trainer.global_step, "ids": module.ids}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
 
