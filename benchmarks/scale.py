@@ -238,13 +238,12 @@ def main() -> None:
         runs: dict[str, list[float]] = {}
         cpu: dict[str, list[tuple[float, float]]] = {}
         for _ in range(args.repeats):
-            paths: dict[str, Callable[[], Any]] = {"local_raw": lambda rb=local: rb.sample(B)}
+            paths: dict[str, Callable[[], Any]] = {"local_raw": partial(local.sample, B)}
             if not args.skip_local:
                 paths["local_seed"] = _seed_loop(local, B)
                 paths["local_datamodule"] = _datamodule_loop(local, B)
-            raw = view(1, 1)
-            remote = {
-                "ray_raw": lambda rb=raw: rb.sample(B),
+            remote: dict[str, Callable[[], Any]] = {
+                "ray_raw": partial(view(1, 1).sample, B),
                 "ray_datamodule": _datamodule_loop(view(1, 1), B),
             }
             for k in args.in_flight:
@@ -255,7 +254,7 @@ def main() -> None:
                 runs.setdefault(name, []).append(samples_per_s(step, B, args.seconds))
             for name, step in remote.items():
                 rate, actor_cpu, trainer_cpu = with_cpu(
-                    lambda s=step: samples_per_s(s, B, args.seconds), actor
+                    partial(samples_per_s, step, B, args.seconds), actor
                 )
                 runs.setdefault(name, []).append(rate)
                 cpu.setdefault(name, []).append((actor_cpu, trainer_cpu))
