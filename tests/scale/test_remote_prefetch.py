@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import lightning as L
 import pytest
 import torch
 from tensordict import TensorDict
@@ -17,6 +18,7 @@ from torchrl.data import (
     RoundRobinWriter,
     SamplerWithoutReplacement,
 )
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.errors import UsageError
@@ -97,6 +99,26 @@ def test_datamodule_draws_from_a_view_with_requests_in_flight(shared, in_flight,
         assert batch["obs"].squeeze(-1).tolist() == batch["id"].float().tolist()
         assert batch.batch_size == torch.Size([32])
         assert {"priority_weight", "index_generation"} <= set(batch.keys())
+
+
+class _Prioritize(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        error = self.layer(batch["obs"]).squeeze(-1)
+        self.trainer.datamodule.update_priority(batch, error.abs().detach() + 1.0)
+        return error.pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def test_the_end_of_fit_waits_for_the_updates_sent_during_it(shared):
+    dm = ReplayBufferDataModule(RayReplayBufferView(shared[0]), batch_size=16, num_batches=3)
+    quiet_trainer(max_epochs=1).fit(_Prioritize(), datamodule=dm)
+    assert drained(dm.replay_buffer) == []  # nothing left unconfirmed after fit
 
 
 def test_priority_update_for_a_rewritten_slot_is_dropped(cluster):
