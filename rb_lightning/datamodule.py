@@ -175,8 +175,7 @@ class ReplayBufferDataModule(LightningDataModule):
         resolve_buffer(self.replay_buffer).check_options(self.batch_size, self.loader_options)
         self._buffer: BufferHandle | None = None
         self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
-        # The training loader, its position (in checkpoints) and its device copies.
-        self._training = TrainingStream(
+        self._training = TrainingStream(  # the loader, its position, its device copies
             torch.initial_seed(),
             self.loader_options,
             progress=self._fit_loop_progress,
@@ -292,8 +291,7 @@ class ReplayBufferDataModule(LightningDataModule):
         )
 
     def teardown(self, stage: str) -> None:
-        """Drop the device copies still in flight (``prefetch_to_device``) when fit ends, and
-        wait for the priority updates sent to a Ray buffer's actor (``remote_prefetch``)."""
+        """Drop the device copies in flight; wait for priority updates sent to a Ray actor."""
         self._training.drop_copies()
         drained(self.replay_buffer)
 

@@ -59,7 +59,7 @@ from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.stream.device_prefetch import check_device_storage, storage_device
 from rb_lightning.stream.loader import LoaderOptions
 from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
-from rb_lightning.stream.remote_prefetch import send_priority_update
+from rb_lightning.stream.remote_prefetch import remote_update_priority
 from rb_lightning.stream.sharding import is_remote
 
 logger = logging.getLogger(__name__)
@@ -357,13 +357,11 @@ class RemoteBuffer(BufferHandle):
     """A buffer served by a Ray actor that every process (rank, worker) shares."""
 
     samples_in_process: ClassVar[bool] = False
+    update_priority = remote_update_priority  # sent without waiting (remote_prefetch)
 
     def describe(self) -> str:
         rb = self.replay_buffer
         return f"{type(rb).__name__}(len={len(rb)}, served by a {rb.service_backend} actor)"
-
-    def update_priority(self, batch: TensorDictBase, priority: torch.Tensor, **how: Any) -> int:
-        return send_priority_update(self.replay_buffer, batch, priority, **how)
 
     def in_process_buffers(self) -> list[ReplayBuffer]:
         return []

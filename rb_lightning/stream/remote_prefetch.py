@@ -94,6 +94,12 @@ def pipeline_options(replay_buffer: Any) -> tuple[int, int]:
     )
 
 
+def one_actor(replay_buffer: Any) -> bool:
+    """Whether one torchrl Ray actor serves the buffer (not a ``ShardedRayReplayBuffer``,
+    which keeps its own requests ahead, nor a closed buffer): the queue applies."""
+    return ray_buffer_actor(replay_buffer) is not None
+
+
 def _actor(replay_buffer: Any) -> Any:
     actor = ray_buffer_actor(replay_buffer)
     if actor is None:
@@ -286,6 +292,14 @@ def send_priority_update(
     return replaced
 
 
+def remote_update_priority(
+    handle: Any, batch: TensorDictBase, priority: Any, *, invalid: InvalidPriority, where: str
+) -> int:
+    """:meth:`~rb_lightning.stream.handles.BufferHandle.update_priority` of a Ray buffer's
+    handle: :func:`send_priority_update` to ``handle.replay_buffer``."""
+    return send_priority_update(handle.replay_buffer, batch, priority, invalid=invalid, where=where)
+
+
 def drained(replay_buffer: Any) -> list[int]:
     """Wait for the updates sent to ``replay_buffer``'s actor and not confirmed yet; return
     how many slots each dropped. Nothing to wait for (any other buffer): ``[]``.
@@ -309,6 +323,8 @@ __all__ = [
     "GENERATION_KEY",
     "RemoteSampleQueue",
     "drained",
+    "one_actor",
     "pipeline_options",
+    "remote_update_priority",
     "send_priority_update",
 ]

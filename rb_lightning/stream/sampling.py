@@ -42,7 +42,12 @@ from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
 from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
-from rb_lightning.stream.remote_prefetch import GENERATION_KEY, RemoteSampleQueue, pipeline_options
+from rb_lightning.stream.remote_prefetch import (
+    GENERATION_KEY,
+    RemoteSampleQueue,
+    one_actor,
+    pipeline_options,
+)
 from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
 from rb_lightning.validation import check_positive_int, check_replay_buffer
 
@@ -251,7 +256,7 @@ class BufferStream:
         return batch
 
     def _draw(self) -> Any:
-        if not self._handle.samples_in_process:
+        if not self._handle.samples_in_process and one_actor(self._replay_buffer):
             return self._draw_remote()
         if self._direct and torchrl_compat.direct_sampling_ready(self._replay_buffer):
             return self._draw_direct()
