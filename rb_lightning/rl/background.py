@@ -102,7 +102,7 @@ class BackgroundCollection:
         version: The policy version of the weights ``policy`` holds now.
         max_frames_per_traj: As torchrl's collectors.
         before_next: Called before each batch with a callable counting the frames
-            that would then be pending (delivered, not yet written, plus one) and
+            that would then be pending (delivered and not yet stored, plus one) and
             the stop event; it may block until either allows (the rate limiter's
             ``wait_for_insert``).
     """
@@ -144,6 +144,10 @@ class BackgroundCollection:
         self._ready: queue.Queue[TensorDictBase] = queue.Queue(maxsize=1)
         self._failure: BaseException | None = None
         self._weights: TensorDictBase | None = None
+        # Frames delivered and not yet written (counted until `store` returns): the rate
+        # limiter's view of the collector would otherwise miss a batch being written.
+        self._pending_frames = 0
+        self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._feed, name="rb-lightning-collection")
         self._thread.daemon = True  # never keeps a dying interpreter alive
@@ -162,12 +166,12 @@ class BackgroundCollection:
                 if self._before_next is not None:
                     # Starts a batch unless even one more frame past those delivered
                     # and not yet written would run ahead of the trainer.
-                    self._before_next(
-                        lambda: self._ready.qsize() * self.frames_per_batch + 1, self._stop
-                    )
+                    self._before_next(lambda: self._pending_frames + 1, self._stop)
                     if self._stop.is_set():
                         return
                 batch = next(frames)
+                with self._pending_lock:
+                    self._pending_frames += batch.numel()
                 while not self._stop.is_set():
                     try:
                         self._ready.put(batch, timeout=0.1)
@@ -189,23 +193,24 @@ class BackgroundCollection:
         set_stamped_version(self._source_policy, version)
         self._weights = TensorDict.from_module(self._source_policy).clone()
 
-    def ready(self) -> list[TensorDictBase]:
-        """The batches collected since the last call, without waiting."""
+    def ready(self, store: Callable[[TensorDictBase], None]) -> None:
+        """Hand every batch collected since the last call to ``store``, without waiting."""
         self._raise_failure()
-        batches = []
         while True:
             try:
-                batches.append(self._ready.get_nowait())
+                batch = self._ready.get_nowait()
             except queue.Empty:
-                return batches
+                return
+            self._deliver(batch, store)
 
-    def take(self, timeout: float) -> TensorDictBase:
-        """The next collected batch; waits up to ``timeout`` seconds for it."""
+    def take(self, timeout: float, store: Callable[[TensorDictBase], None]) -> None:
+        """Hand the next collected batch to ``store``; wait up to ``timeout`` seconds for it."""
         deadline = time.monotonic() + timeout
         while True:
             self._raise_failure()
             try:
-                return self._ready.get(timeout=min(0.1, max(deadline - time.monotonic(), 0)))
+                batch = self._ready.get(timeout=min(0.1, max(deadline - time.monotonic(), 0)))
+                return self._deliver(batch, store)
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     self._raise_failure()
@@ -227,6 +232,13 @@ class BackgroundCollection:
             f"{why}. Check the environment; raise the collector's timeout if its steps are "
             "legitimately that slow."
         )
+
+    def _deliver(self, batch: TensorDictBase, store: Callable[[TensorDictBase], None]) -> None:
+        try:
+            store(batch)
+        finally:
+            with self._pending_lock:
+                self._pending_frames -= batch.numel()
 
     def _dead_workers(self) -> list:
         return [p for p in getattr(self.collector, "procs", []) if not p.is_alive()]

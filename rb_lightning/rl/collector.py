@@ -376,7 +376,7 @@ class OnlineCollector(Callback):
         before = self.frames
         if self._background is not None:
             assert self._rate_limiter is not None
-            self._store(self._background.take(self._rate_limiter.timeout))
+            self._background.take(self._rate_limiter.timeout, self._store)
         else:
             self._collect()
         return self.frames - before
@@ -420,8 +420,7 @@ class OnlineCollector(Callback):
         if self._background is not None:
             if trainer.global_step % self.sync_every_n_steps == 0:
                 self._background.sync(trainer.global_step)
-            for frames in self._background.ready():
-                self._store(frames)
+            self._background.ready(self._store)
             self._log(trainer, pl_module, batch)
             return
         if self.collector is None:
