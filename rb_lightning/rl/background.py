@@ -105,6 +105,7 @@ class BackgroundCollection:
             that would then be pending (delivered and not yet stored, plus one) and
             the stop event; it may block until either allows (the rate limiter's
             ``wait_for_insert``).
+        on_stored: Called after each batch was stored (the rate limiter's ``wake``).
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class BackgroundCollection:
         version: int = 0,
         max_frames_per_traj: int | None = None,
         before_next: Callable[[Callable[[], int], threading.Event], None] | None = None,
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         self.mode = mode
         set_stamped_version(policy, version)  # the weights the collector starts with
@@ -141,6 +143,7 @@ class BackgroundCollection:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
         self.collector.set_seed(seed)
         self._before_next = before_next
+        self._on_stored = on_stored
         self._ready: queue.Queue[TensorDictBase] = queue.Queue(maxsize=1)
         self._failure: BaseException | None = None
         self._weights: TensorDictBase | None = None
@@ -239,6 +242,8 @@ class BackgroundCollection:
         finally:
             with self._pending_lock:
                 self._pending_frames -= batch.numel()
+            if self._on_stored is not None:  # the collector may wait on the pending count
+                self._on_stored()
 
     def _dead_workers(self) -> list:
         return [p for p in getattr(self.collector, "procs", []) if not p.is_alive()]

@@ -312,6 +312,7 @@ class OnlineCollector(Callback):
             version=version,
             max_frames_per_traj=self.max_frames_per_traj,
             before_next=None if limiter is None else limiter.wait_for_insert,
+            on_stored=None if limiter is None else limiter.wake,
         )
         if self.run_in == "process":  # the worker builds its own; this one did the warm-up
             env.close()

@@ -243,6 +243,11 @@ class SamplesPerInsert:
             if self.sampled >= self._wake_collector_at:
                 self._changed.notify_all()
 
+    def wake(self) -> None:
+        """Make a waiting side look at the counts again (something it counts changed)."""
+        with self._changed:
+            self._changed.notify_all()
+
     def record_insert(self, n: int) -> None:
         """Count ``n`` inserted items."""
         with self._changed:
