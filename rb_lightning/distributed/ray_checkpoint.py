@@ -16,6 +16,7 @@ Importing this module does not import Ray; saving or restoring a Ray buffer does
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "dump_remote_buffer",
     "load_remote_buffer",
     "remote_buffer_state",
+    "restore_on_rank_zero",
     "restore_remote_buffer_state",
 ]
 
@@ -184,23 +186,37 @@ def restore_remote_buffer_state(
     stops every rank. The placeholder of a rank other than 0
     (``location="remote"``) restores nothing.
     """
+
+    def load() -> None:
+        if state.get("location") != "beside" or not state.get("remote"):
+            raise BufferCheckpointError(_WRONG_KIND.format(where=""))
+        load_remote_buffer(replay_buffer, resolve_reference(state, checkpoint_path), verify=verify)
+
+    restore_on_rank_zero(state, trainer, load, what="Ray replay buffer")
+
+
+def restore_on_rank_zero(
+    state: dict[str, Any], trainer: Any, load: Callable[[], None], *, what: str
+) -> None:
+    """Rank 0 runs ``load`` (unless ``state`` is another rank's placeholder); all ranks agree.
+
+    Collective under DDP: every rank reaches the same decision, so an error on rank 0
+    stops every rank instead of leaving the others waiting or training on the wrong
+    content of a buffer they share.
+    """
     rank = trainer.global_rank if trainer is not None else 0
     world_size = trainer.world_size if trainer is not None else 1
     error: BaseException | None = None
     if rank == 0 and state.get("location") != "remote":
         try:
-            if state.get("location") != "beside" or not state.get("remote"):
-                raise BufferCheckpointError(_WRONG_KIND.format(where=""))
-            load_remote_buffer(
-                replay_buffer, resolve_reference(state, checkpoint_path), verify=verify
-            )
+            load()
         except Exception as caught:  # every rank must reach the decision below, or all hang
             error = caught
     if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
         if error is None:
             raise BufferCheckpointError(
-                "Rank 0 could not restore the Ray replay buffer from the checkpoint (see its "
-                "error); this rank stops too rather than train on the wrong content."
+                f"Rank 0 could not restore the {what} from the checkpoint (see its error); "
+                "this rank stops too rather than train on the wrong content."
             )
     if error is not None:
         raise error

@@ -18,6 +18,7 @@ from rb_lightning.checkpoint.beside import BufferDumpRequest, beside_reference, 
 from rb_lightning.checkpoint.files import remove_stale_versions, write_version
 from rb_lightning.checkpoint.io import install_checkpoint_io
 from rb_lightning.checkpoint.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.distributed.ray_checkpoint import restore_on_rank_zero
 from rb_lightning.errors import BufferCheckpointError
 
 if TYPE_CHECKING:
@@ -67,27 +68,16 @@ def restore_sharded_state(
     replay_buffer: ShardedRayReplayBuffer, state: Any, trainer: Any, *, verify: Verify
 ) -> None:
     """Rank 0 verifies and loads the saved shards; every rank waits for it (collective)."""
-    rank = trainer.global_rank if trainer is not None else 0
-    world_size = trainer.world_size if trainer is not None else 1
-    error: BaseException | None = None
-    if rank == 0 and state.get("location") != "remote":
-        try:
-            if not state.get("sharded"):
-                raise BufferCheckpointError(
-                    "The checkpoint's replay buffer was not saved from a ShardedRayReplayBuffer, "
-                    "and the DataModule now holds one. Resume with the same kind of buffer as "
-                    "the saved run, or start a new run."
-                )
-            path = resolve_reference(state, trainer.ckpt_path if trainer is not None else None)
-            read_manifest(path, verify=verify)
-            replay_buffer.loads(path)
-        except Exception as caught:  # every rank must reach the decision below, or all hang
-            error = caught
-    if world_size > 1 and not trainer.strategy.reduce_boolean_decision(error is None, all=True):
-        if error is None:
+
+    def load() -> None:
+        if not state.get("sharded"):
             raise BufferCheckpointError(
-                "Rank 0 could not restore the ShardedRayReplayBuffer from the checkpoint (see "
-                "its error); this rank stops too rather than train on the wrong content."
+                "The checkpoint's replay buffer was not saved from a ShardedRayReplayBuffer, "
+                "and the DataModule now holds one. Resume with the same kind of buffer as "
+                "the saved run, or start a new run."
             )
-    if error is not None:
-        raise error
+        path = resolve_reference(state, trainer.ckpt_path if trainer is not None else None)
+        read_manifest(path, verify=verify)
+        replay_buffer.loads(path)
+
+    restore_on_rank_zero(state, trainer, load, what="ShardedRayReplayBuffer")
