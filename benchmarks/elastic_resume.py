@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
+from checkpoint import rl_items  # benchmarks/checkpoint.py: the same transitions
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
@@ -43,28 +43,13 @@ def prioritized(capacity: int) -> ReplayBuffer:
     )
 
 
-def transitions(n: int) -> TensorDict:
-    return TensorDict(
-        {
-            "obs": torch.randn(n, 8),
-            "action": torch.randint(0, 4, (n,)),
-            "next": {
-                "obs": torch.randn(n, 8),
-                "reward": torch.randn(n, 1),
-                "done": torch.zeros(n, 1, dtype=torch.bool),
-            },
-        },
-        batch_size=[n],
-    )
-
-
 def saved_checkpoint(root: Path, ranks: int, items: int) -> tuple[dict, Path]:
     """The buffer state of a DDP checkpoint of ``ranks`` full buffers, and the ``.ckpt`` path."""
     ckpt = root / "last.ckpt"
     version = buffer_dir_for(ckpt) / "v1"
     for rank in range(ranks):
         rb = prioritized(items)
-        index = rb.extend(transitions(items + items // 3))  # wrapped
+        index = rb.extend(rl_items(items + items // 3))  # wrapped
         rb.update_priority(index[-items:], torch.rand(items) + 0.1)
         manifest = dump_buffer(
             rb, version / f"rank{rank}", extra={"rank": rank, "world_size": ranks}

@@ -6,50 +6,21 @@ Lightning's DDP launcher re-runs the launching script for every rank, so the run
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from script_runs import finish_script, rank_results, start_script
 
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_local.py"
 TIMEOUT_S = 240  # a rank stuck in a collective (epoch length mismatch) ends the run here
-
-
-def _ranks(out_dir: Path) -> list[dict]:
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory) -> dict[str, list[dict]]:
     # Both runs at once: most of their time is process start-up, which overlaps well.
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MASTER_PORT", None)
-    runs = {}
-    for mode in ("same", "uneven"):
-        out_dir = tmp_path_factory.mktemp(mode)
-        proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(out_dir), mode],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        runs[mode] = (proc, out_dir)
+    dirs = {mode: tmp_path_factory.mktemp(mode) for mode in ("same", "uneven")}
+    runs = {mode: start_script("ddp_local.py", out_dir, mode) for mode, out_dir in dirs.items()}
     results = {}
-    for mode, (proc, out_dir) in runs.items():
-        try:
-            output, _ = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-            pytest.fail(
-                f"DDP run {mode!r} did not finish in {TIMEOUT_S}s (hang?):\n{output[-3000:]}"
-            )
-        assert proc.returncode == 0, f"DDP run {mode!r} failed:\n{output[-3000:]}"
-        results[mode] = _ranks(out_dir)
+    for mode, proc in runs.items():
+        finish_script(proc, TIMEOUT_S)
+        results[mode] = rank_results(dirs[mode])
     return results
 
 

@@ -19,38 +19,23 @@ from pathlib import Path
 
 import pytest
 import yaml
+from script_runs import finish_script, rank_results, start_script
 
 from rb_lightning.checkpoint import checkpoint_buffer_state, read_torch_file
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_elastic.py"
 TIMEOUT_S = 300
 
 
 def _start(out_dir: Path, world_size: int, tag: int, steps: int, ckpt: Path | None = None):
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MASTER_PORT", None)
-    args = [sys.executable, str(SCRIPT), str(out_dir), str(world_size), str(tag), str(steps)]
-    proc = subprocess.Popen(
-        args + ([str(ckpt)] if ckpt else []),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return proc, out_dir, world_size
+    args = (out_dir, world_size, tag, steps, *([ckpt] if ckpt else []))
+    return start_script("ddp_elastic.py", *args), out_dir, world_size
 
 
 def _finish(started) -> list[dict]:
     proc, out_dir, world_size = started
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-        pytest.fail(f"DDP run did not finish in {TIMEOUT_S}s:\n{output[-3000:]}")
-    assert proc.returncode == 0, output[-4000:]
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
+    finish_script(proc)
+    return rank_results(out_dir, world_size)
 
 
 @pytest.fixture(scope="module")

@@ -9,46 +9,28 @@ number of ranks: test_scale_ddp_elastic.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_runs import finish_script, rank_results, start_script
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import BufferCheckpointError
 
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_resume.py"
-TIMEOUT_S = 300
 RANK_TAG = 100_000
 
 
 def _start(out_dir: Path, max_steps: int, ckpt: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MASTER_PORT", None)
-    args = [sys.executable, str(SCRIPT), str(out_dir), str(max_steps)]
-    return subprocess.Popen(
-        args + ([ckpt] if ckpt else []),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_script("ddp_resume.py", out_dir, max_steps, *([ckpt] if ckpt else []))
 
 
 def _finish(proc: subprocess.Popen, out_dir: Path) -> list[dict]:
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-        pytest.fail(f"DDP run did not finish in {TIMEOUT_S}s:\n{output[-3000:]}")
-    assert proc.returncode == 0, output[-4000:]
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    finish_script(proc)
+    return rank_results(out_dir)
 
 
 @pytest.fixture(scope="module")

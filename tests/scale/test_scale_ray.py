@@ -7,15 +7,12 @@ buffer by name, as separate machines would.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from script_runs import finish_script, rank_results, run_script, start_script
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
@@ -26,9 +23,7 @@ from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config
 
 pytestmark = pytest.mark.ray
 
-SCRIPTS = Path(__file__).parent / "scripts"
 TOTAL = 400
-TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -54,27 +49,12 @@ def _owner(name: str, capacity: int = 1_000) -> ReplayBuffer:
 
 def test_ddp_ranks_sample_one_buffer_a_collector_fills(cluster, tmp_path):
     owner = _owner("shared")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MASTER_PORT", None)
-    args = [cluster, "shared", str(TOTAL)]
-    collector = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "ray_collector.py"), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    args = [cluster, "shared", TOTAL]
+    collector = start_script("ray_collector.py", *args)
     try:
-        run = subprocess.run(
-            [sys.executable, str(SCRIPTS / "ray_ddp.py"), str(tmp_path), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        assert collector.wait(timeout=60) == 0, collector.stdout.read()[-3000:]
-        ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+        run_script("ray_ddp.py", tmp_path, *args)
+        finish_script(collector, timeout=60)
+        ranks = rank_results(tmp_path)
         assert len(owner) == TOTAL
         for rank in ranks:
             assert rank["global_step"] == 6  # limit_train_batches=3 per rank, 2 epochs

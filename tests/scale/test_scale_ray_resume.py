@@ -8,10 +8,6 @@ checkpoint, and after the resume both ranks see the restored content.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -19,6 +15,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from script_runs import rank_results, run_script
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, ReplayBuffer
 from trainers import quiet_trainer
@@ -32,8 +29,6 @@ from rb_lightning.distributed.ray import named_actor_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
-SCRIPT = Path(__file__).parent / "scripts" / "ray_resume_ddp.py"
-TIMEOUT_S = 300
 CAPACITY = 200
 
 
@@ -148,18 +143,10 @@ def test_ray_buffer_is_restored_to_its_saved_length_and_priorities(cluster, tmp_
 
 
 def _ddp(out_dir: Path, address: str, max_steps: int, ckpt: Path | None = None) -> list[dict]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MASTER_PORT", None)
-    args = [sys.executable, str(SCRIPT), str(out_dir), address, "ddp_resume", str(max_steps)]
-    run = subprocess.run(
-        args + ([str(ckpt)] if ckpt else []),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+    run_script(
+        "ray_resume_ddp.py", out_dir, address, "ddp_resume", max_steps, *([ckpt] if ckpt else [])
     )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return rank_results(out_dir)
 
 
 def test_ddp_ranks_write_the_shared_buffer_once_and_both_see_it_restored(cluster, tmp_path):

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.checkpoint import dump_buffer
@@ -89,14 +90,10 @@ def main(out_dir: Path, world_size: int, tag: int, max_steps: int, ckpt: str | N
         write(rb, tag * 1_000_000 + rank * 1_000 + torch.arange(20 + 5 * rank))
     datamodule = ReplayBufferDataModule(rb, batch_size=8, num_batches=None)
     module = Collector(tag)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         strategy="ddp",
         devices=world_size,
-        accelerator="cpu",
         max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[
             ModelCheckpoint(dirpath=out_dir / "ckpt", save_last=True, every_n_train_steps=4)
         ],

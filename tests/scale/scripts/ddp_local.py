@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 
@@ -52,15 +53,10 @@ def main(out_dir: Path, mode: str) -> None:
         dm = ReplayBufferDataModule(rb, batch_size=10)
         limits = {}
     module = RecordIds()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         strategy="ddp",
         devices=2,
-        accelerator="cpu",
         max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         **limits,
     )
     trainer.fit(module, datamodule=dm)

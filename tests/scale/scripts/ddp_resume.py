@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 
@@ -66,14 +67,10 @@ def main(out_dir: Path, max_steps: int, ckpt: str | None) -> None:
         rb.extend(tagged(rank, 0, 40 + 10 * rank))  # uneven local buffers
     datamodule = ReplayBufferDataModule(rb, batch_size=8, num_batches=None)
     module = Collector()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         strategy="ddp",
         devices=2,
-        accelerator="cpu",
         max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[
             ModelCheckpoint(dirpath=out_dir / "ckpt", save_last=True, every_n_train_steps=4)
         ],

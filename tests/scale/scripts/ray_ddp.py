@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from tensordict import TensorDict
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.distributed.ray import RayReplayBufferView
@@ -46,16 +47,11 @@ def main(out_dir: Path, address: str, name: str, total: int) -> None:
     buffer = RayReplayBufferView(name, address=address, ray_init_config={"log_to_driver": False})
     dm = ReplayBufferDataModule(buffer, batch_size=16, num_batches=None, min_size=64)
     module = SampleAndPrioritize()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         strategy="ddp",
         devices=2,
-        accelerator="cpu",
         max_epochs=2,
         limit_train_batches=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module, datamodule=dm)
     rank = trainer.global_rank

@@ -17,6 +17,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensordict import TensorDict
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
 from rb_lightning.distributed.ray import RayReplayBufferView
@@ -59,10 +60,9 @@ def main(out_dir: Path, address: str, name: str, max_steps: int, ckpt: str | Non
     buffer = RayReplayBufferView(name, address=address, ray_init_config={"log_to_driver": False})
     dm = ReplayBufferDataModule(buffer, batch_size=8, num_batches=None)
     module = Prioritize()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         strategy="ddp",
         devices=2,
-        accelerator="cpu",
         max_steps=max_steps,
         limit_train_batches=100,
         default_root_dir=str(out_dir),
@@ -71,9 +71,6 @@ def main(out_dir: Path, address: str, name: str, max_steps: int, ckpt: str | Non
                 dirpath=out_dir / "ckpt", save_last=True, save_top_k=-1, every_n_train_steps=1
             )
         ],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
     result = {"rank": trainer.global_rank, **module.start}
