@@ -38,3 +38,17 @@ def list_rb() -> ReplayBuffer:
             )
         )
     return rb
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Which tests pytest-xdist runs in the same test process (``--dist loadgroup``).
+
+    A file's tests stay together: module-scoped fixtures (a DDP run shared by a file's
+    tests) then run once. Every Ray test runs in one process, one after another:
+    ``ray.init()`` joins a cluster another test started with ``ray start`` on this
+    machine instead of starting its own.
+    """
+    for item in items:
+        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

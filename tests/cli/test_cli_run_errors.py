@@ -74,6 +74,7 @@ def test_misspelled_trainer_argument(where, tmp_path, capsys):
     assert "Did you mean 'max_steps'?" in message
 
 
+@pytest.mark.ray
 def test_ray_config_without_a_cluster(tmp_path, capsys):
     pytest.importorskip("ray")
     if Path("/tmp/ray/ray_current_cluster").exists():
