@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
+from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase, RewardSum, TransformedEnv
 
 from rb_lightning.errors import ArgumentTypeError, UsageError
@@ -30,6 +31,7 @@ __all__ = [
     "check_policy_fits_env",
     "check_stored_keys",
     "collection_env",
+    "n_step_transform",
 ]
 
 EPISODE_RETURN_KEY = "episode_reward"
@@ -108,3 +110,23 @@ def check_stored_keys(frames: TensorDictBase, keys: list[NestedKey] | None, n_st
             f"have {sorted(present, key=str)}. Fix the names (nested keys are lists in YAML, "
             "[next, reward]) or pass keys=None to store every key.",
         )
+
+
+def n_step_transform(
+    n_steps: int, gamma: float | None, pl_module: LightningModule
+) -> MultiStep | None:
+    """torchrl's ``MultiStep`` for ``n_steps`` > 1, discounting by ``gamma`` or the module's.
+
+    ``gamma=None`` takes ``pl_module.hparams.gamma`` (as :class:`~rb_lightning.rl.DQN` has).
+    """
+    if n_steps == 1:
+        return None
+    if gamma is None:
+        gamma = pl_module.hparams.get("gamma")
+    if gamma is None:
+        raise UsageError(
+            "gamma",
+            f"OnlineCollector(n_steps={n_steps}) discounts n-step rewards, but neither "
+            f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=...",
+        )
+    return MultiStep(gamma=float(gamma), n_steps=n_steps)

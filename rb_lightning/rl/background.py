@@ -31,7 +31,9 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import multiprocessing
 import queue
 import threading
 import time
@@ -44,18 +46,22 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors import AsyncCollector, Collector
 from torchrl.envs import EnvBase
 
-from rb_lightning.errors import ArgumentTypeError, CollectorError, SampleTimeoutError
+from rb_lightning.errors import ArgumentTypeError, CollectorError, SampleTimeoutError, UsageError
 from rb_lightning.policy_version import POLICY_VERSION_KEY
 
 __all__ = [
     "BackgroundCollection",
     "CollectionMode",
+    "StartMethod",
     "VersionStamp",
+    "check_start_method",
     "set_stamped_version",
     "with_version_stamp",
 ]
 
 CollectionMode = Literal["process", "thread"]
+#: ``multiprocessing`` start methods of a collector's worker process.
+StartMethod = Literal["spawn", "fork", "forkserver"]
 
 
 class VersionStamp(TensorDictModuleBase):
@@ -88,6 +94,52 @@ def set_stamped_version(policy: TensorDictSequential, version: int) -> None:
     stamp.version.fill_(version)
 
 
+def check_start_method(
+    start_method: StartMethod | None, starts_a_process: bool
+) -> StartMethod | None:
+    """``start_method``, checked: a ``multiprocessing`` start method, for a worker process only.
+
+    ``"fork"`` copies the training process: it must not have initialised CUDA (a forked
+    child cannot use it).
+    """
+    if start_method is None:
+        return None
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise UsageError(
+            "start_method",
+            f"start_method must be one of {multiprocessing.get_all_start_methods()} on this "
+            f"platform, got {start_method!r}.",
+        )
+    if not starts_a_process:
+        raise UsageError(
+            "start_method",
+            "start_method applies to asynchronous collection in a worker process "
+            "(asynchronous=True, run_in='process'); remove it or collect in a process.",
+        )
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise UsageError(
+            "start_method",
+            "start_method='fork' copies the training process, which has initialised CUDA: a "
+            "forked worker cannot use it. Use 'spawn' (the default) on GPU machines.",
+        )
+    return start_method
+
+
+@contextlib.contextmanager
+def _global_start_method(start_method: StartMethod | None) -> Iterator[None]:
+    # torchrl starts its workers with the program's global start method when one is set
+    # (spawn otherwise): set it for this one start, then put the program's back.
+    if start_method is None:
+        yield
+        return
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(start_method, force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+
+
 class BackgroundCollection:
     """Run ``policy`` in ``make_env()`` beside training; hand back what it collected.
 
@@ -106,6 +158,7 @@ class BackgroundCollection:
             the stop event; it may block until either allows (the rate limiter's
             ``wait_for_insert``).
         on_stored: Called after each batch was stored (the rate limiter's ``wake``).
+        start_method: How ``"process"`` mode starts its worker (:func:`check_start_method`).
     """
 
     def __init__(
@@ -120,6 +173,7 @@ class BackgroundCollection:
         max_frames_per_traj: int | None = None,
         before_next: Callable[[Callable[[], int], threading.Event], None] | None = None,
         on_stored: Callable[[], None] | None = None,
+        start_method: StartMethod | None = None,
     ) -> None:
         self.mode = mode
         set_stamped_version(policy, version)  # the weights the collector starts with
@@ -136,9 +190,10 @@ class BackgroundCollection:
         # they start and stop (minus, then plus, their workers); the trainer keeps its own.
         self._torch_threads = torch.get_num_threads()
         if mode == "process":
-            self.collector: Collector | AsyncCollector = AsyncCollector(
-                make_env, policy, num_threads=self._torch_threads, **common
-            )
+            with _global_start_method(start_method):
+                self.collector: Collector | AsyncCollector = AsyncCollector(
+                    make_env, policy, num_threads=self._torch_threads, **common
+                )
         else:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
         self.collector.set_seed(seed)

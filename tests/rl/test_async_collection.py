@@ -237,3 +237,44 @@ def test_the_async_main_job_resumes_and_keeps_the_ratio(tmp_path):
     for column in ("replay/collector_wait_s", "replay/trainer_wait_s", "replay/staleness_mean"):
         assert all(row[column] != "" for row in rows), column
     assert _children() == []
+
+
+def test_a_forked_worker_collects_and_the_programs_start_method_is_left_as_it_was():
+    import multiprocessing
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    seen: dict[str, list[str]] = {}
+
+    class WorkerCommandLines(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 20:
+                seen["workers"] = [" ".join(child.cmdline()) for child in _children()]
+
+    collector = _async(run_in="process", start_method="fork")
+    rb = _fit(collector, max_steps=40, callbacks=[WorkerCommandLines()])
+    assert len(rb) > 64 + 16, "no frames came from the worker"
+    assert seen["workers"], "no worker process during fit"
+    # A spawned worker runs multiprocessing's spawn_main; a forked one is a copy of this process.
+    assert not any("spawn_main" in line for line in seen["workers"]), seen["workers"]
+    assert multiprocessing.get_start_method(allow_none=True) == before
+    assert _children() == []
+
+
+def test_start_method_of_a_synchronous_collector_is_one_paragraph_from_train_py(tmp_path):
+    config = (REPO / "configs" / "cartpole_dqn.yaml").read_text()
+    anchor = "        env: CartPole-v1\n"
+    assert anchor in config
+    (tmp_path / "sync_fork.yaml").write_text(
+        config.replace(anchor, anchor + "        start_method: fork\n", 1)
+    )
+    run = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "fit", "--config", "sync_fork.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert "start_method applies to asynchronous collection in a worker process" in run.stderr
