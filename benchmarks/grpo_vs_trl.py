@@ -13,8 +13,9 @@ Rows:
 
 - ``ours (on-policy)``: ``python train.py fit --config configs/llm_grpo.yaml
   --model.init_from <sft> --seed_everything <seed> --model.init_args.seed <seed>``.
-- ``ours (replay)``: the same with ``max_staleness: 1`` and 4 prompts per step: each
-  group is trained on about twice, half as many completions are generated.
+- ``ours (replay)``: the same with ``max_staleness: --replay-staleness`` (default 2)
+  and 4 prompts per step: each group stays in the sampled window for that many more
+  policy versions, half as many completions are generated.
 - ``trl``: ``trl.GRPOTrainer`` on a dataset of ``steps x 8`` prompts.
 
 Columns: ``accuracy``: greedy accuracy on 256 held-out prompts (seed 1, the
@@ -96,17 +97,20 @@ def _sft_config():
     )  # fmt: skip
 
 
-def run_ours(sft: Path, seed: int, steps: int, root: Path, replay: bool) -> dict[str, float]:
+def run_ours(
+    sft: Path, seed: int, steps: int, root: Path, replay_staleness: int | None
+) -> dict[str, float]:
     args = [
         *QUIET, f"--trainer.max_steps={steps}", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={root}",
         f"--model.init_from={sft}", f"--seed_everything={seed}", f"--model.init_args.seed={seed}",
     ]  # fmt: skip
     prompts = 8
-    if replay:
+    if replay_staleness is not None:
         prompts = 4
         args += [
-            "--data.init_args.replay_buffer.init_args.sampler.init_args.max_staleness=1",
+            "--data.init_args.replay_buffer.init_args.sampler.init_args.max_staleness="
+            f"{replay_staleness}",
             "--model.init_args.prompts_per_step=4",
         ]
     model, seconds, cpu = _fit(str(REPO / "configs" / "llm_grpo.yaml"), args)
@@ -153,6 +157,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument(
+        "--replay-staleness", type=int, default=2, help="max_staleness of the replay row"
+    )
     options = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,15 +168,15 @@ def main() -> None:
         start = accuracy_of(_loaded(sft))
         rows: dict[str, list[dict[str, float]]] = {
             "ours (on-policy)": [],
-            "ours (replay)": [],
+            "ours (replay)": [],  # max_staleness --replay-staleness
             "trl": [],
         }
         for seed in options.seeds:
             rows["ours (on-policy)"].append(
-                run_ours(sft, seed, options.steps, root / f"a{seed}", False)
+                run_ours(sft, seed, options.steps, root / f"a{seed}", None)
             )
             rows["ours (replay)"].append(
-                run_ours(sft, seed, options.steps, root / f"b{seed}", True)
+                run_ours(sft, seed, options.steps, root / f"b{seed}", options.replay_staleness)
             )
             rows["trl"].append(run_trl(sft, seed, options.steps, root / f"t{seed}"))
             for name, results in rows.items():
