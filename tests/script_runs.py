@@ -1,4 +1,4 @@
-"""Run a script of ``tests/scale/scripts/`` in a subprocess and read what each rank wrote.
+"""Run a script of ``tests/scale/scripts/`` or ``train.py`` in a subprocess, as a user would.
 
 Lightning's DDP launcher re-runs the launching script for every other rank, so multi-process
 runs live in scripts; each rank writes ``rank<r>.json`` into the run's folder. The scripts
@@ -14,11 +14,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 SCRIPTS = TESTS / "scale" / "scripts"
 TIMEOUT_S = 300
 
@@ -62,3 +64,25 @@ def run_script(script: str, *args: object, timeout: float = TIMEOUT_S) -> str:
 def rank_results(out_dir: Path, world_size: int = 2) -> list[dict]:
     """What each rank of a run wrote to ``out_dir/rank<r>.json``, by rank."""
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def run_train_py(
+    args: list[str], cwd: Path, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` in ``cwd`` (its DDP ranks on this machine, a free port).
+
+    ``env`` (default: this process's) gets the checkout and the CLI tests' toy models
+    (``tests/cli``, e.g. ``cli_toy.Regressor``) on ``PYTHONPATH``.
+    """
+    env = {
+        **(os.environ if env is None else env),
+        "PYTHONPATH": f"{TESTS / 'cli'}{os.pathsep}{REPO}",
+        "MASTER_ADDR": "127.0.0.1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    env.pop("MASTER_PORT", None)
+    env.pop("RB_LIGHTNING_DEBUG", None)
+    command = [sys.executable, str(REPO / "train.py"), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )

@@ -11,20 +11,14 @@ stops with one paragraph and exit code 2, and the fix it names works.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from script_runs import finish_script, rank_results, start_script
+from script_runs import finish_script, rank_results, run_train_py, start_script
 
 from rb_lightning.checkpoint import checkpoint_buffer_state, read_torch_file
-
-REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 300
 
 
 def _start(out_dir: Path, world_size: int, tag: int, steps: int, ckpt: Path | None = None):
@@ -85,21 +79,6 @@ def test_two_ranks_resumed_on_one(runs):
     assert only["global_step"] == 6 and len(only["start"]["ids"]) == 20 + 25 + 2 * 2 * 4
 
 
-def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{REPO / 'tests' / 'cli'}{os.pathsep}{REPO}",
-        "MASTER_ADDR": "127.0.0.1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    env.pop("MASTER_PORT", None)
-    env.pop("RB_LIGHTNING_DEBUG", None)
-    command = [sys.executable, str(REPO / "train.py"), *args]
-    return subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-
-
 def test_train_py_run_on_two_ranks_resumed_on_one(tmp_path):
     config = {
         "seed_everything": 0,
@@ -137,13 +116,13 @@ def test_train_py_run_on_two_ranks_resumed_on_one(tmp_path):
         },
     }
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(config))
-    saved = _train(
+    saved = run_train_py(
         ["fit", "--config", "toy.yaml", "--trainer.strategy=ddp", "--trainer.devices=2"], tmp_path
     )
     assert saved.returncode == 0, saved.stderr[-3000:]
 
     resume = ["fit", "--config", "toy.yaml", "--trainer.devices=1", "--trainer.max_steps=4"]
-    short = _train([*resume, "--ckpt_path=last"], tmp_path)
+    short = run_train_py([*resume, "--ckpt_path=last"], tmp_path)
     assert short.returncode == 2 and "Traceback" not in short.stderr, short.stderr[-3000:]
     message = short.stderr.strip().splitlines()[-1]
     assert message.startswith(
@@ -151,7 +130,9 @@ def test_train_py_run_on_two_ranks_resumed_on_one(tmp_path):
     ), message
     assert "max_size of at least 128" in message and "data.init_args.resume_keep: newest" in message
 
-    kept = _train([*resume, "--ckpt_path=last", "--data.init_args.resume_keep=newest"], tmp_path)
+    kept = run_train_py(
+        [*resume, "--ckpt_path=last", "--data.init_args.resume_keep=newest"], tmp_path
+    )
     assert kept.returncode == 0, kept.stderr[-3000:]
     assert "fit stopped at step 4" in kept.stdout + kept.stderr
     last = tmp_path / "runs" / "toy" / "version_0" / "checkpoints" / "last.ckpt"
