@@ -39,7 +39,7 @@ from typing import Any
 
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
 
-from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
+from rb_lightning.errors import SampleTimeoutError, UsageError
 from rb_lightning.stream.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
@@ -49,8 +49,8 @@ from rb_lightning.stream.priorities import (
 from rb_lightning.stream.remote_prefetch import (
     DEFAULT_BATCHES_PER_REQUEST,
     DEFAULT_REQUESTS_IN_FLIGHT,
+    live_actor,
 )
-from rb_lightning.torchrl_compat import ray_buffer_actor
 from rb_lightning.validation import check_positive_int
 
 #: Ray namespace used when none is given, so owners and clients agree by default.
@@ -199,16 +199,6 @@ def _find_actor(
 # needs torchrl only, not rb_lightning.
 
 
-def _actor(replay_buffer: RayReplayBuffer) -> Any:
-    actor = ray_buffer_actor(replay_buffer)
-    if actor is None:
-        raise BufferStateError(
-            f"{type(replay_buffer).__name__} is closed: it has no actor. Build a new view "
-            "(RayReplayBufferView(name=...)) or a new Ray-backed buffer."
-        )
-    return actor
-
-
 def remote_build(replay_buffer: RayReplayBuffer, sampler_attributes: list[str]) -> dict[str, Any]:
     """Storage, sampler and writer of the actor's buffer: class names, capacity, settings."""
     import ray
@@ -226,7 +216,7 @@ def remote_build(replay_buffer: RayReplayBuffer, sampler_attributes: list[str]) 
             "writer": type(rb.writer).__name__,
         }
 
-    return ray.get(_actor(replay_buffer).__ray_call__.remote(describe, sampler_attributes))
+    return ray.get(live_actor(replay_buffer).__ray_call__.remote(describe, sampler_attributes))
 
 
 def dump_in_actor(replay_buffer: RayReplayBuffer, path: str) -> tuple[int, int]:
@@ -244,7 +234,7 @@ def dump_in_actor(replay_buffer: RayReplayBuffer, path: str) -> tuple[int, int]:
             rb.dumps(target)
         return len(rb), int(rb.write_count)
 
-    return ray.get(_actor(replay_buffer).__ray_call__.remote(dump, path))
+    return ray.get(live_actor(replay_buffer).__ray_call__.remote(dump, path))
 
 
 def load_in_actor(replay_buffer: RayReplayBuffer, path: str | None) -> tuple[int, int]:
@@ -261,7 +251,7 @@ def load_in_actor(replay_buffer: RayReplayBuffer, path: str | None) -> tuple[int
             rb.loads(source)
         return len(rb), int(rb.write_count)
 
-    return ray.get(_actor(replay_buffer).__ray_call__.remote(load, path))
+    return ray.get(live_actor(replay_buffer).__ray_call__.remote(load, path))
 
 
 __all__ = [

@@ -100,12 +100,13 @@ def one_actor(replay_buffer: Any) -> bool:
     return ray_buffer_actor(replay_buffer) is not None
 
 
-def _actor(replay_buffer: Any) -> Any:
+def live_actor(replay_buffer: Any) -> Any:
+    """The Ray actor serving ``replay_buffer``; a closed buffer is a clear error."""
     actor = ray_buffer_actor(replay_buffer)
     if actor is None:
         raise BufferStateError(
-            f"{type(replay_buffer).__name__} is closed: it has no actor to sample. Build a new "
-            "view (RayReplayBufferView(name=...)) or a new Ray-backed buffer."
+            f"{type(replay_buffer).__name__} is closed: it has no actor. Build a new view "
+            "(RayReplayBufferView(name=...)) or a new Ray-backed buffer."
         )
     return actor
 
@@ -133,7 +134,7 @@ class RemoteSampleQueue:
         requests_in_flight: int,
         batches_per_request: int = 1,
     ) -> None:
-        self._actor = _actor(replay_buffer)
+        self._actor = live_actor(replay_buffer)
         self._batch_size = check_positive_int(batch_size, "batch_size")
         self._depth = check_positive_int(requests_in_flight, "requests_in_flight")
         per_request = check_positive_int(batches_per_request, "batches_per_request")
@@ -287,7 +288,7 @@ def send_priority_update(
         rb.update_priority(index, priority)
         return dropped
 
-    actor = _actor(replay_buffer)
+    actor = live_actor(replay_buffer)
     pending.refs.append(actor.__ray_call__.remote(update_live, index, checked, generation))
     return replaced
 
@@ -323,6 +324,7 @@ __all__ = [
     "GENERATION_KEY",
     "RemoteSampleQueue",
     "drained",
+    "live_actor",
     "one_actor",
     "pipeline_options",
     "remote_update_priority",
