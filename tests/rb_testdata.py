@@ -23,3 +23,8 @@ def make_transitions(n: int, start: int = 0) -> TensorDict:
         },
         batch_size=[n],
     )
+
+
+def id_items(ids: torch.Tensor) -> TensorDict:
+    """Items that carry their id and an ``obs`` made from it (``float(id)``, one column)."""
+    return TensorDict({"id": ids, "obs": ids.float().unsqueeze(-1)}, batch_size=ids.shape)

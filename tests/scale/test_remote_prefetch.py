@@ -10,7 +10,7 @@ from functools import partial
 import lightning as L
 import pytest
 import torch
-from tensordict import TensorDict
+from rb_testdata import id_items
 from torchrl.data import (
     LazyTensorStorage,
     PrioritizedSampler,
@@ -30,17 +30,6 @@ from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-def _items(ids: torch.Tensor) -> TensorDict:
-    return TensorDict({"id": ids, "obs": ids.float().unsqueeze(-1)}, batch_size=ids.shape)
-
-
 def _owner(name: str, capacity: int, *, generations: bool = True, sampler=None) -> ReplayBuffer:
     return ReplayBuffer(
         storage=partial(LazyTensorStorage, capacity),
@@ -55,7 +44,7 @@ def _owner(name: str, capacity: int, *, generations: bool = True, sampler=None) 
 def shared(cluster):
     """One prioritized buffer of 128 items (item i in slot i), for the tests that only read."""
     owner = _owner("prefetch_shared", 128)
-    owner.extend(_items(torch.arange(128)))
+    owner.extend(id_items(torch.arange(128)))
     yield "prefetch_shared", owner
     owner.close()
 
@@ -77,7 +66,7 @@ def test_queue_keeps_requests_in_flight_and_splits_each_reply(shared):
 def test_a_sampler_without_replacement_draws_one_batch_per_call(cluster):
     owner = _owner("prefetch_epoch", 64, sampler=SamplerWithoutReplacement)
     try:
-        owner.extend(_items(torch.arange(64)))
+        owner.extend(id_items(torch.arange(64)))
         queue = RemoteSampleQueue(owner, batch_size=16, requests_in_flight=2, batches_per_request=4)
         assert queue.batches_per_request == 1
         ids = torch.cat([queue.next()[0]["id"] for _ in range(4)])
@@ -124,12 +113,12 @@ def test_the_end_of_fit_waits_for_the_updates_sent_during_it(shared):
 def test_priority_update_for_a_rewritten_slot_is_dropped(cluster):
     owner = _owner("prefetch_stale", 8)
     try:
-        owner.extend(_items(torch.arange(8)))
+        owner.extend(id_items(torch.arange(8)))
         dm = ReplayBufferDataModule(owner, batch_size=64, num_batches=1)
         batch = next(iter(dm.train_dataloader()))
         assert set(batch["index"].tolist()) == set(range(8))
         # A collector rewrites slots 0-3 (with the max priority so far, 1.0) before the update.
-        owner.extend(_items(torch.arange(100, 104)))
+        owner.extend(id_items(torch.arange(100, 104)))
         dm.update_priority(batch, torch.full((64,), 1000.0))
         dropped = drained(owner)
         rewritten = int((batch["index"] < 4).sum())
@@ -145,11 +134,11 @@ def test_priority_update_for_a_rewritten_slot_is_dropped(cluster):
 def test_without_generation_tracking_updates_apply_as_torchrl_applies_them(cluster):
     owner = _owner("prefetch_untracked", 8, generations=False)
     try:
-        owner.extend(_items(torch.arange(8)))
+        owner.extend(id_items(torch.arange(8)))
         dm = ReplayBufferDataModule(owner, batch_size=64, num_batches=1)
         batch = next(iter(dm.train_dataloader()))
         assert "index_generation" not in batch.keys()
-        owner.extend(_items(torch.arange(100, 104)))
+        owner.extend(id_items(torch.arange(100, 104)))
         dm.update_priority(batch, torch.where(batch["index"] < 4, 1000.0, 1.0))
         assert drained(owner) == [0]
         ids = owner.sample(4000)["id"]

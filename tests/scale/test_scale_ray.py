@@ -26,18 +26,6 @@ pytestmark = pytest.mark.ray
 TOTAL = 400
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def _owner(name: str, capacity: int = 1_000) -> ReplayBuffer:
     return ReplayBuffer(
         storage=partial(LazyTensorStorage, capacity),

@@ -15,8 +15,8 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from rb_testdata import id_items
 from script_runs import rank_results, run_script
-from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, ReplayBuffer
 from trainers import quiet_trainer
 
@@ -32,17 +32,6 @@ pytestmark = pytest.mark.ray
 CAPACITY = 200
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-def _items(ids: torch.Tensor) -> TensorDict:
-    return TensorDict({"id": ids, "obs": ids.float().unsqueeze(-1)}, batch_size=ids.shape)
-
-
 def _owner(name: str, sampler: str = "prioritized", fill: int = 40) -> ReplayBuffer:
     make_sampler = (
         partial(PrioritizedSampler, CAPACITY, alpha=0.8, beta=0.5)
@@ -56,7 +45,7 @@ def _owner(name: str, sampler: str = "prioritized", fill: int = 40) -> ReplayBuf
         service_backend_options={"remote_config": named_actor_config(name)},
     )
     if fill:
-        rb.extend(_items(torch.arange(fill)))
+        rb.extend(id_items(torch.arange(fill)))
     return rb
 
 
@@ -85,7 +74,7 @@ class Prioritize(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         datamodule = self.trainer.datamodule
-        datamodule.replay_buffer.extend(_items(torch.arange(2) + 1_000 + 2 * self.global_step))
+        datamodule.replay_buffer.extend(id_items(torch.arange(2) + 1_000 + 2 * self.global_step))
         datamodule.update_priority(batch, (batch["id"] % 7 + 1 + self.global_step).float())
         return self.layer(batch["obs"]).pow(2).mean()
 
@@ -120,7 +109,7 @@ def test_ray_buffer_is_restored_to_its_saved_length_and_priorities(cluster, tmp_
         assert exported.replay_buffer[:]["id"].tolist() == saved["ids"]
 
         # The same actor, changed since the checkpoint: the resume puts the saved one back.
-        owner.extend(_items(torch.arange(30) + 5_000))
+        owner.extend(id_items(torch.arange(30) + 5_000))
         owner.update_priority(torch.arange(len(owner)), torch.full((len(owner),), 50.0))
         assert _snapshot(owner) != saved
         resumed = _fit(owner, tmp_path / "again", max_steps=5, ckpt=checkpoint)
@@ -164,7 +153,7 @@ def test_ddp_ranks_write_the_shared_buffer_once_and_both_see_it_restored(cluster
         )
         assert len(dumps) == 4
 
-        owner.extend(_items(torch.arange(10) + 5_000))  # the collector went on after the save
+        owner.extend(id_items(torch.arange(10) + 5_000))  # the collector went on after the save
         ranks = _ddp(tmp_path, cluster, max_steps=5, ckpt=tmp_path / "ckpt" / "last.ckpt")
         for rank in ranks:
             assert rank["step"] == 3

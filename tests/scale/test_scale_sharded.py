@@ -20,19 +20,12 @@ from rb_lightning.distributed.sharded_handle import ShardedBuffer  # noqa: E402
 from rb_lightning.errors import BufferCheckpointError  # noqa: E402
 from rb_lightning.stream.handles import resolve_buffer  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("cluster")]
 
 ITEMS = 60
 DRAWS = 30_000
 #: chi2.ppf(0.999, df=59): a correct sampler fails the test once in a thousand seeds.
 CHI2_999_DF59 = 98.32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
