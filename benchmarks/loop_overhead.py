@@ -1,9 +1,11 @@
 """What the DataModule costs per training step, split into sampling and plumbing.
 
-Three Trainers run the same one-parameter model (``throughput.TinyModel``), with
+Four Trainers run the same one-parameter model (``throughput.TinyModel``), with
 the same Lightning, in the same process, interleaved, medians of ``--repeats``:
 
 1. ``datamodule``: ``ReplayBufferDataModule`` over a real buffer (RL transitions);
+1b. ``datamodule_per_draw``: the same with ``batches_per_draw=K`` (``--batches-per-draw``):
+   one ``rb.sample(K * B)`` per K steps;
 2. ``fixed_sample``: the same DataModule over a buffer whose ``sample`` returns
    one pre-drawn batch: every piece of rb_lightning's loop (stream, loader,
    resume bookkeeping, batch transfer), but no sampling;
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import throughput as tp  # noqa: E402  (sets torch to one intra-op thread)
 from torchrl.data import ReplayBuffer  # noqa: E402
 
-PATHS = ("datamodule", "fixed_sample", "pre_sampled")
+PATHS = ("datamodule", "datamodule_per_draw", "fixed_sample", "pre_sampled")
 
 
 class FixedSampleBuffer(ReplayBuffer):
@@ -51,7 +53,7 @@ class FixedSampleBuffer(ReplayBuffer):
         return (self._batch, self._info) if return_info else self._batch
 
 
-def measure(steps: int, repeats: int, batch_size: int) -> dict[str, list[float]]:
+def measure(steps: int, repeats: int, batch_size: int, per_draw: int) -> dict[str, list[float]]:
     shape = tp.Shape("rl", "tensor", "random", batch_size, 100_000)
     rb = tp.build_buffer(shape, "/tmp")
     fixed = FixedSampleBuffer(rb, batch_size)
@@ -59,6 +61,9 @@ def measure(steps: int, repeats: int, batch_size: int) -> dict[str, list[float]]
     for repeat in range(repeats):
         runs = {
             "datamodule": lambda: tp.fit_steps(rb, "rl", batch_size, steps).rate,
+            "datamodule_per_draw": lambda: (
+                tp.fit_steps(rb, "rl", batch_size, steps, batches_per_draw=per_draw).rate
+            ),
             "fixed_sample": lambda: tp.fit_steps(fixed, "rl", batch_size, steps).rate,
             "pre_sampled": lambda: tp.fit_steps(rb, "rl", batch_size, steps, constant=True).rate,
         }
@@ -68,15 +73,18 @@ def measure(steps: int, repeats: int, batch_size: int) -> dict[str, list[float]]
     return rates
 
 
-def report(rates: dict[str, list[float]], steps: int, batch_size: int) -> str:
+def _of_pre_sampled(rates: dict[str, list[float]], path: str) -> float:
+    """Median over repeats of ``path``'s rate over the pre-sampled rate of the same repeat."""
+    pairs = zip(rates[path], rates["pre_sampled"], strict=True)
+    return statistics.median(rate / pre for rate, pre in pairs)
+
+
+def report(rates: dict[str, list[float]], steps: int, batch_size: int, per_draw: int) -> str:
     med = {path: statistics.median(values) for path, values in rates.items()}
     ms = {path: 1e3 / rate for path, rate in med.items()}
-    ratio = statistics.median(
-        dm / pre for dm, pre in zip(rates["datamodule"], rates["pre_sampled"], strict=True)
-    )
-    fixed_ratio = statistics.median(
-        f / pre for f, pre in zip(rates["fixed_sample"], rates["pre_sampled"], strict=True)
-    )
+    ratio = _of_pre_sampled(rates, "datamodule")
+    fixed_ratio = _of_pre_sampled(rates, "fixed_sample")
+    per_draw_ratio = _of_pre_sampled(rates, "datamodule_per_draw")
     bound = 1 / (1 / med["raw_sample"] + 1 / med["pre_sampled"])
     lines = [
         f"RL transitions, batch {batch_size}, {steps} steps, one intra-op thread, "
@@ -89,6 +97,8 @@ def report(rates: dict[str, list[float]], steps: int, batch_size: int) -> str:
         f"{ms['fixed_sample']:.3f} | {fixed_ratio:.2f} |",
         f"| datamodule (real sampling) | {med['datamodule']:.0f} | {ms['datamodule']:.3f} | "
         f"{ratio:.2f} |",
+        f"| datamodule, batches_per_draw={per_draw} | {med['datamodule_per_draw']:.0f} | "
+        f"{ms['datamodule_per_draw']:.3f} | {per_draw_ratio:.2f} |",
         "",
         f"plumbing per step: {ms['fixed_sample'] - ms['pre_sampled']:.3f} ms; sampling in the "
         f"loop: {ms['datamodule'] - ms['fixed_sample']:.3f} ms (raw rb.sample: "
@@ -122,10 +132,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batches-per-draw", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="also profile the datamodule path")
     args = parser.parse_args()
-    rates = measure(args.steps, args.repeats, args.batch_size)
-    print(report(rates, args.steps, args.batch_size))
+    rates = measure(args.steps, args.repeats, args.batch_size, args.batches_per_draw)
+    print(report(rates, args.steps, args.batch_size, args.batches_per_draw))
     if args.profile:
         print()
         print(profile(5 * args.steps, args.batch_size))

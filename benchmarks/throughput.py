@@ -358,6 +358,7 @@ def fit_steps(
     warmup: int = 5,
     model: TinyModel | None = None,
     constant: bool = False,
+    batches_per_draw: int = 1,
 ) -> StepClock:
     """Run ``Trainer.fit`` fed by ``ReplayBufferDataModule``; its clock has steps/s.
 
@@ -365,7 +366,7 @@ def fit_steps(
     """
     clock = StepClock(warmup)
     module_class = _ConstantDataModule if constant else ReplayBufferDataModule
-    datamodule = module_class(rb, batch_size, num_batches=None)
+    datamodule = module_class(rb, batch_size, num_batches=None, batches_per_draw=batches_per_draw)
     model = TinyModel(FEATURE_KEY[item]) if model is None else model
     with _quiet_lightning():
         make_trainer(warmup + steps, [clock]).fit(model, datamodule)

@@ -70,6 +70,8 @@ class ReplayBufferDataModule(LightningDataModule):
             :class:`~rb_lightning.stream.device_prefetch.CopyEngine`. Sampling and
             exact resume are unchanged.
         persistent_workers: Keep workers alive across epochs.
+        batches_per_draw: Batches drawn per ``rb.sample`` call, one per step: cheaper sampling,
+            the later ones miss newer writes and priorities (``BufferStream.batches_per_draw``).
         val_buffer: Buffer read once per validation run, in storage order.
         test_buffer: Same, per test run.
         min_size: Wait until the buffer holds this many items (a collector filling it).
@@ -130,6 +132,7 @@ class ReplayBufferDataModule(LightningDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = False,
         prefetch_to_device: bool | CopyEngine = False,
+        batches_per_draw: int = 1,
         val_buffer: ReplayBuffer | None = None,
         test_buffer: ReplayBuffer | None = None,
         min_size: int | None = None,
@@ -152,7 +155,7 @@ class ReplayBufferDataModule(LightningDataModule):
             num_batches = check_positive_int(num_batches, "num_batches", allow_none=True)
         self.num_batches = num_batches
         self.loader_options = LoaderOptions(
-            num_workers, pin_memory, persistent_workers, prefetch_to_device
+            num_workers, pin_memory, persistent_workers, prefetch_to_device, batches_per_draw
         )
         self.val_buffer = check_replay_buffer(val_buffer, "val_buffer", allow_none=True)
         self.test_buffer = check_replay_buffer(test_buffer, "test_buffer", allow_none=True)
@@ -315,12 +318,8 @@ class ReplayBufferDataModule(LightningDataModule):
         num_batches = self.num_batches
         if num_batches == AUTO:
             num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))
-        stream = BufferStream(
-            self.replay_buffer,
-            self.batch_size,
-            min_size=self.min_size,
-            wait_timeout=self.wait_timeout,
-        )
+        rb, size, min_size = self.replay_buffer, self.batch_size, self.min_size
+        stream = BufferStream(rb, size, min_size=min_size, wait_timeout=self.wait_timeout)
         return {"stream": stream, "keys": self.keys, "num_batches": num_batches}
 
     def as_hf_dataset(self, **options: Any) -> Any:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from rb_lightning.errors import ArgumentTypeError, UsageError
 from rb_lightning.stream.device_prefetch import CopyEngine, DevicePrefetcher
 from rb_lightning.stream.state import StreamState
-from rb_lightning.validation import check_non_negative_int
+from rb_lightning.validation import check_non_negative_int, check_positive_int
 
 
 def keep_batch(batch: Any) -> Any:
@@ -89,7 +89,8 @@ def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
 
 @dataclass(frozen=True)
 class LoaderOptions:
-    """How batches reach the step: DataLoader workers, pinned memory, device prefetch.
+    """How batches reach the step: DataLoader workers, pinned memory, device prefetch,
+    batches per ``rb.sample`` call.
 
     Checked when built; see :class:`~rb_lightning.ReplayBufferDataModule` for each.
 
@@ -106,11 +107,22 @@ class LoaderOptions:
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_to_device: bool | CopyEngine = False
+    batches_per_draw: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "num_workers", check_non_negative_int(self.num_workers, "num_workers")
         )
+        per_draw = check_positive_int(self.batches_per_draw, "batches_per_draw")
+        object.__setattr__(self, "batches_per_draw", per_draw)
+        if per_draw > 1 and self.num_workers > 0:
+            raise UsageError(
+                "batches_per_draw",
+                f"batches_per_draw={per_draw} with num_workers={self.num_workers}: the "
+                "batches a worker drew ahead could not be saved in a checkpoint. Use "
+                "num_workers=0 (drawing several batches per call is the in-process way to "
+                "cheaper sampling), or batches_per_draw=1.",
+            )
         if self.persistent_workers and self.num_workers == 0:
             raise UsageError(
                 "persistent_workers",

@@ -9,7 +9,8 @@ Every sampled view of a buffer (:class:`~rb_lightning.ReplayBufferDataset`,
   batches (:meth:`BufferStream.seed_replica`, :meth:`BufferStream.reseed`);
 * the ``min_size`` wait, with a timeout and an error that says what to do;
 * the draw itself, with the sampler's ``index`` and ``priority_weight``
-  attached when the sampler produces weights (``PrioritizedSampler``).
+  attached when the sampler produces weights (``PrioritizedSampler``);
+* drawing several batches in one call (:attr:`BufferStream.batches_per_draw`).
 
 Examples:
     >>> import torch
@@ -29,12 +30,13 @@ from __future__ import annotations
 
 import numbers
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import ReplayBuffer
+from torchrl.data import PrioritizedSampler, RandomSampler, ReplayBuffer
 
 from rb_lightning import torchrl_compat
 from rb_lightning.columns import SAMPLER_INFO_KEYS
@@ -124,6 +126,9 @@ class BufferStream:
         self._versioned: list[Any] = self._handle.version_tracking_samplers()
         #: Sample requests queued at a Ray buffer's actor (created by the first draw).
         self._remote: RemoteSampleQueue | None = None
+        self._batches_per_draw: int = 1
+        #: Batches of the last draw not handed out yet (``batches_per_draw > 1``).
+        self._drawn_ahead: deque[Any] = deque()
 
     # -- read-only configuration ------------------------------------------------------------
     @property
@@ -146,12 +151,62 @@ class BufferStream:
         """Seconds :meth:`wait_until_ready` waits for ``min_size``."""
         return self._wait_timeout
 
+    @property
+    def batches_per_draw(self) -> int:
+        """Batches drawn by one ``rb.sample(batch_size * batches_per_draw)`` call.
+
+        ``1`` (default): one draw per batch. ``K > 1`` draws ``K`` batches at once
+        and hands them out one by one, so the per-call work of ``rb.sample`` is
+        paid once per ``K`` steps. The later batches of a draw do not see items
+        written, or priorities updated, after the draw. With a ``RandomSampler``
+        and no writes in between, the batches are the ones ``K`` separate draws
+        give. Only for a ``RandomSampler`` or ``PrioritizedSampler`` sampled in
+        this process, without version-gated sampling.
+        """
+        return self._batches_per_draw
+
+    @batches_per_draw.setter
+    def batches_per_draw(self, value: int) -> None:
+        value = check_positive_int(value, "batches_per_draw")
+        if value > 1:
+            self._check_draws_ahead(value)
+        self._batches_per_draw = value
+
+    def _check_draws_ahead(self, value: int) -> None:
+        sampler = getattr(self._replay_buffer, "sampler", None)
+        why = None
+        if not self._handle.samples_in_process:
+            why = "a remote buffer samples in its own process (it pipelines requests instead)"
+        elif type(sampler) not in (RandomSampler, PrioritizedSampler):
+            why = (
+                f"its sampler is a {type(sampler).__name__}, whose batches would change if "
+                "drawn together (only RandomSampler and PrioritizedSampler draw items "
+                "independently)"
+            )
+        elif self._versioned:
+            why = "its sampler gates items on the policy version, which changes every step"
+        if why is not None:
+            raise UsageError(
+                "batches_per_draw",
+                f"batches_per_draw={value} cannot be used with this buffer: {why}. "
+                "Use batches_per_draw=1.",
+            )
+
+    def drawn_ahead(self) -> list[Any]:
+        """Batches of the last draw not handed out yet, in the order they will be."""
+        return list(self._drawn_ahead)
+
+    def continue_draw(self, batches: list[Any]) -> None:
+        """Hand ``batches`` (a checkpoint's :meth:`drawn_ahead`) out before drawing again."""
+        self._drawn_ahead.extend(batches)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_replay_buffer"] = pickled_without_generator(self._replay_buffer)
         del state["_handle"], state["_versioned"]  # rebuilt around the unpickled buffer
         state["consumer_version"] = None  # a worker's copy gets no version updates
         state["_remote"] = None  # a copy sends its own requests
+        state["_drawn_ahead"] = deque()  # a copy draws its own batches
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -239,6 +294,9 @@ class BufferStream:
         """
         if self.rate_limiter is not None:
             self.rate_limiter.acquire_sample(self._batch_size)
+        if self._drawn_ahead:
+            self.batches_drawn += 1
+            return self._drawn_ahead.popleft()
         if self.consumer_version is not None and self._versioned:
             version = self.consumer_version()
             for sampler in self._versioned:
@@ -252,8 +310,23 @@ class BufferStream:
                 raise
             self.wait_until_ready(emptied=True)
             batch = self._draw()
+        if self._batches_per_draw > 1:
+            batch = self._keep_drawn_ahead(batch)
         self.batches_drawn += 1
         return batch
+
+    def _keep_drawn_ahead(self, drawn: Any) -> Any:
+        """The first batch of a multi-batch draw; the others wait in :meth:`drawn_ahead`."""
+        if not isinstance(drawn, (TensorDictBase, torch.Tensor)):
+            raise UsageError(
+                "batches_per_draw",
+                f"batches_per_draw={self._batches_per_draw} needs batches that are TensorDicts "
+                f"or tensors, to cut the draw into batches; this buffer returns "
+                f"{type(drawn).__name__}. Use batches_per_draw=1.",
+            )
+        first, *rest = drawn.split(self._batch_size)
+        self._drawn_ahead.extend(rest)
+        return first
 
     def _draw(self) -> Any:
         if not self._handle.samples_in_process and one_actor(self._replay_buffer):
@@ -264,8 +337,8 @@ class BufferStream:
         if self._attach_info is False:
             # return_info costs ~30% of a small sample (torchrl tree-maps the info
             # to the storage device): skip it once we know nothing would be attached.
-            return rb.sample(self._batch_size)
-        batch, info = rb.sample(self._batch_size, return_info=True)
+            return rb.sample(self._batch_size * self._batches_per_draw)
+        batch, info = rb.sample(self._batch_size * self._batches_per_draw, return_info=True)
         attach = False
         if isinstance(batch, TensorDictBase):
             attach = _attach(batch, info)
@@ -286,7 +359,9 @@ class BufferStream:
         items, the same attached columns, ~20% less time on small items (~35% for a
         ``TensorDictReplayBuffer``, whose ``sample`` sets the info key by key).
         """
-        index, info, batch = torchrl_compat.direct_sample(self._replay_buffer, self._batch_size)
+        index, info, batch = torchrl_compat.direct_sample(
+            self._replay_buffer, self._batch_size * self._batches_per_draw
+        )
         if self._direct_keys_free is None:
             self._direct_keys_free = not any(k in batch.keys() for k in SAMPLER_INFO_KEYS)
         if self._direct_keys_free:

@@ -29,6 +29,7 @@ from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetche
 from rb_lightning.stream.handles import BufferHandle
 from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
+from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.state import StreamState
 
 __all__ = ["TrainingStream"]
@@ -83,6 +84,10 @@ class TrainingStream:
         self.state = StreamState(seed, progress=progress, keep_read_ahead=keep_read_ahead)
         # The device copies in flight of the current loader (prefetch_to_device).
         self._prefetcher: DevicePrefetcher | None = None
+        # The current loader's sampling stream: the batches it drew ahead are checkpointed,
+        # and restored ones wait here for the next loader's stream.
+        self._sampling: BufferStream | None = None
+        self._restored_draw: list[Any] = []
 
     def loader(
         self,
@@ -107,6 +112,10 @@ class TrainingStream:
         )
         dataset.stream.rate_limiter = self.rate_limiter
         dataset.stream.consumer_version = self.consumer_version
+        dataset.stream.batches_per_draw = self.loader_options.batches_per_draw
+        dataset.stream.continue_draw(self._restored_draw)
+        self._restored_draw = []
+        self._sampling = dataset.stream
         if device is not None:
             self._prefetcher = make_prefetcher(self.loader_options.prefetch_to_device, device)
         return ResumableBatchLoader(
@@ -133,10 +142,16 @@ class TrainingStream:
     ) -> dict[str, Any]:
         """The position, and the buffer with the batches read ahead of this step."""
         stream = self.state.state_dict()
+        # Handed to the loop and not taken yet, then drawn and not handed out (they may open
+        # the next epoch, so the resumed stream, not the loader, hands them out).
+        drawn = self._restored_draw or (self._sampling.drawn_ahead() if self._sampling else [])
+        pending = [*self.state.read_ahead(), *drawn]
         saved = buffer.state_dict(
-            trainer, inline_max_bytes=inline_max_bytes, pending_batches=self.state.read_ahead()
+            trainer, inline_max_bytes=inline_max_bytes, pending_batches=pending
         )
         state = {"batches_served": stream["batches_served"], "stream": stream, "buffer": saved}
+        if drawn:
+            state["drawn_ahead"] = len(drawn)
         if self.rate_limiter is not None:
             state["rate_limiter"] = self.rate_limiter.state_dict()
         return state
@@ -160,4 +175,7 @@ class TrainingStream:
         if needs_redistribution(saved, world_size):
             seed = elastic_seed(state["stream"], rank, world_size)
             saved = with_resume_options(saved, keep=self.resume_keep, seed=seed)
-        self.state.replay_first(buffer.load_state_dict(saved, trainer, verify=verify))
+        pending = buffer.load_state_dict(saved, trainer, verify=verify)
+        split = max(len(pending) - int(state.get("drawn_ahead", 0)), 0)
+        self.state.replay_first(pending[:split])
+        self._restored_draw = pending[split:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +73,13 @@ def test_only_keeps_the_named_rows_and_rejects_a_label_no_shape_has(bench, tmp_p
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--only" in err and "its labels are 'rl / tensor / prioritized / 8'" in err
+
+
+def test_loop_overhead_benchmark_runs_every_path(tmp_path):
+    script = SCRIPT.parent / "loop_overhead.py"
+    command = [sys.executable, str(script), "--steps", "20", "--repeats", "1"]
+    command += ["--batches-per-draw", "4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for row in ("pre_sampled", "fixed_sample", "datamodule (real", "batches_per_draw=4"):
+        assert row in result.stdout, (row, result.stdout)

@@ -40,6 +40,24 @@ CASES = {
         extra={},
         n=4,
     ),
+    # Three batches per rb.sample call, priorities updated every step: the checkpoint (step 4)
+    # carries Lightning's read-ahead (batch 5) and the drawn batch 6, which opens epoch 2.
+    "drawn-ahead-prioritized": dict(
+        sampler="prioritized",
+        module=lambda: Recorder(write_per_step=3, update_priority=True),
+        dm=dict(num_batches=5, batches_per_draw=3),
+        extra={},
+        n=4,
+    ),
+    # An endless epoch, four batches per draw: Lightning's read-ahead (batch 6) and the
+    # drawn batches 7-8 both come back, in that order.
+    "drawn-ahead-stream-random": dict(
+        sampler="random",
+        module=lambda: Recorder(write_per_step=2),
+        dm=dict(num_batches=None, batches_per_draw=4),
+        extra={},
+        n=5,
+    ),
     # Epochs of limit_train_batches=3 with online writes, checkpoint on an epoch's last batch.
     "stream-random-epoch-end": dict(
         sampler="random",
