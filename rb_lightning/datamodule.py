@@ -35,7 +35,7 @@ from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limite
 from rb_lightning.stream.remote_prefetch import drained
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.state import fit_loop_progress
-from rb_lightning.stream.training import TrainingStream
+from rb_lightning.stream.training import TrainingStream, check_training_options
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -175,7 +175,8 @@ class ReplayBufferDataModule(LightningDataModule):
         #: NaN, infinite or negative priorities replaced so far (``invalid_priority="replace"``).
         self.replaced_priorities = 0
         # What can be checked before a Trainer exists; the handle is chosen in setup.
-        resolve_buffer(self.replay_buffer).check_options(self.batch_size, self.loader_options)
+        options = self.loader_options
+        check_training_options(resolve_buffer(self.replay_buffer), self.batch_size, options)
         self._buffer: BufferHandle | None = None
         self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
         self._training = TrainingStream(  # the loader, its position, its device copies
@@ -247,7 +248,7 @@ class ReplayBufferDataModule(LightningDataModule):
         """Sampled batches of the training buffer."""
         num_batches = epoch_length(self.num_batches, len(self.buffer), self.batch_size)
         check_epoch_is_bounded(num_batches, self.trainer)
-        self.buffer.check_options(self.batch_size, self.loader_options)
+        check_training_options(self.buffer, self.batch_size, self.loader_options)
         return self._training.loader(
             self.buffer,
             self.batch_size,
@@ -300,8 +301,7 @@ class ReplayBufferDataModule(LightningDataModule):
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The buffer (each kind its own way: :mod:`~rb_lightning.stream.handles`), the stream
-        position, the batches read ahead of this step and the rate limiter's counters."""
+        """The buffer, the stream position, the batches read or drawn ahead, the rate limiter."""
         return self._training.state_dict(
             self.buffer, self.trainer, inline_max_bytes=self.checkpoint_inline_max_bytes
         )

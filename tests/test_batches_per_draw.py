@@ -87,17 +87,15 @@ def test_a_sampler_whose_batches_depend_on_each_other_is_refused():
     assert "batches_per_draw=1" in str(error.value)
 
 
-def _config(directory, name: str, **data: Any):
+def _config(directory, name: str, sampler: str | None = None, **data: Any):
     """The CLI tests' toy regression (tests/cli/cli_toy.py) with ``data`` options."""
-    buffer = {
+    storage = {"class_path": "torchrl.data.LazyTensorStorage", "init_args": {"max_size": 100}}
+    buffer: dict[str, Any] = {
         "class_path": "torchrl.data.TensorDictReplayBuffer",
-        "init_args": {
-            "storage": {
-                "class_path": "torchrl.data.LazyTensorStorage",
-                "init_args": {"max_size": 100},
-            }
-        },
+        "init_args": {"storage": storage},
     }
+    if sampler is not None:
+        buffer["init_args"]["sampler"] = {"class_path": f"torchrl.data.{sampler}"}
     source = {
         "class_path": "rb_lightning.sources.CallSource",
         "init_args": {"function": "cli_toy:fill_regression"},
@@ -112,7 +110,7 @@ def _config(directory, name: str, **data: Any):
     return path
 
 
-def test_train_py_runs_with_batches_per_draw_and_refuses_it_with_workers(tmp_path):
+def test_train_py_runs_with_batches_per_draw_and_refuses_what_it_cannot_draw(tmp_path):
     good = _config(tmp_path, "ok.yaml", batches_per_draw=4, num_batches=None)
     result = run_train_py(
         [
@@ -125,9 +123,21 @@ def test_train_py_runs_with_batches_per_draw_and_refuses_it_with_workers(tmp_pat
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    bad = _config(tmp_path, "bad.yaml", batches_per_draw=4, num_workers=1)
-    result = run_train_py(["fit", "--config", str(bad)], tmp_path)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    last = [line for line in result.stderr.splitlines() if line.strip()][-1]
-    assert "at data.init_args.batches_per_draw:" in last and "num_workers=0" in last, last
+    refused = {
+        "workers": (
+            _config(tmp_path, "w.yaml", batches_per_draw=4, num_workers=1),
+            "num_workers=0",
+        ),
+        "sampler": (
+            _config(tmp_path, "s.yaml", "SamplerWithoutReplacement", batches_per_draw=4),
+            "its sampler is a SamplerWithoutReplacement",
+        ),
+    }
+    for case, (config, named) in refused.items():
+        result = run_train_py(["fit", "--config", str(config)], tmp_path)
+        assert result.returncode == 2, (case, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "Modules in train mode" not in result.stdout + result.stderr  # before fit starts
+        last = [line for line in result.stderr.splitlines() if line.strip()][-1]
+        assert "at data.init_args.batches_per_draw:" in last and named in last, (case, last)
+        assert "batches_per_draw=1" in last or "num_workers=0" in last, last

@@ -167,30 +167,7 @@ class BufferStream:
 
     @batches_per_draw.setter
     def batches_per_draw(self, value: int) -> None:
-        value = check_positive_int(value, "batches_per_draw")
-        if value > 1:
-            self._check_draws_ahead(value)
-        self._batches_per_draw = value
-
-    def _check_draws_ahead(self, value: int) -> None:
-        sampler = getattr(self._replay_buffer, "sampler", None)
-        why = None
-        if not self._handle.samples_in_process:
-            why = "a remote buffer samples in its own process (it pipelines requests instead)"
-        elif type(sampler) not in (RandomSampler, PrioritizedSampler):
-            why = (
-                f"its sampler is a {type(sampler).__name__}, whose batches would change if "
-                "drawn together (only RandomSampler and PrioritizedSampler draw items "
-                "independently)"
-            )
-        elif self._versioned:
-            why = "its sampler gates items on the policy version, which changes every step"
-        if why is not None:
-            raise UsageError(
-                "batches_per_draw",
-                f"batches_per_draw={value} cannot be used with this buffer: {why}. "
-                "Use batches_per_draw=1.",
-            )
+        self._batches_per_draw = check_batches_per_draw(self._handle, value)
 
     def drawn_ahead(self) -> list[Any]:
         """Batches of the last draw not handed out yet, in the order they will be."""
@@ -399,6 +376,31 @@ class BufferStream:
         )
 
 
+def check_batches_per_draw(buffer: BufferHandle, value: int) -> int:
+    """``value`` if ``buffer`` can be sampled ``value`` batches per call, else a :class:`UsageError`."""
+    value = check_positive_int(value, "batches_per_draw")
+    sampler = getattr(buffer.replay_buffer, "sampler", None)
+    why = None
+    if value == 1:
+        return value
+    if not buffer.samples_in_process:
+        why = "a remote buffer samples in its own process (it pipelines requests instead)"
+    elif type(sampler) not in (RandomSampler, PrioritizedSampler):
+        why = (
+            f"its sampler is a {type(sampler).__name__}, whose batches would change if drawn "
+            "together (only RandomSampler and PrioritizedSampler draw items independently)"
+        )
+    elif buffer.version_tracking_samplers():
+        why = "its sampler gates items on the policy version, which changes every step"
+    if why is not None:
+        raise UsageError(
+            "batches_per_draw",
+            f"batches_per_draw={value} cannot be used with this buffer: {why}. "
+            "Use batches_per_draw=1.",
+        )
+    return value
+
+
 def _attach(batch: TensorDictBase, info: dict[str, Any]) -> bool:
     """Set the sampler info missing from ``batch``, if the sampler produced weights."""
     extra = {k: info[k] for k in SAMPLER_INFO_KEYS if k in info and k not in batch.keys()}
@@ -409,4 +411,4 @@ def _attach(batch: TensorDictBase, info: dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["SAMPLER_INFO_KEYS", "BufferStream"]
+__all__ = ["SAMPLER_INFO_KEYS", "BufferStream", "check_batches_per_draw"]

@@ -29,10 +29,18 @@ from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetche
 from rb_lightning.stream.handles import BufferHandle
 from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
-from rb_lightning.stream.sampling import BufferStream
+from rb_lightning.stream.sampling import BufferStream, check_batches_per_draw
 from rb_lightning.stream.state import StreamState
 
-__all__ = ["TrainingStream"]
+__all__ = ["TrainingStream", "check_training_options"]
+
+
+def check_training_options(
+    buffer: BufferHandle, batch_size: int, loader_options: LoaderOptions
+) -> None:
+    """Raise :class:`~rb_lightning.errors.UsageError` for options ``buffer`` cannot be trained from."""
+    buffer.check_options(batch_size, loader_options)
+    check_batches_per_draw(buffer, loader_options.batches_per_draw)
 
 
 class TrainingStream:
