@@ -41,6 +41,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from rb_lightning import ReplayBufferDataModule, SamplesPerInsert
 from rb_lightning.rl import DQN, OnlineCollector
 from rb_lightning.rl.acting import collection_env
+from rb_lightning.rl.background import with_version_stamp
 
 BATCH = 16
 ENV_ID = (
@@ -131,8 +132,20 @@ def collect_only(args) -> float:
 
 def train_only(args) -> float:
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10_000))
+    # Frames with the keys the online runs store (the policy's action values, the trajectory
+    # ids, the policy version): a sample then reads as many columns as theirs does.
     env = collection_env(ENV_ID, env_kwargs={**_env_kwargs(args), "burn_ms": 0.0})
-    rb.extend(env.rollout(1_000, break_when_any_done=False).exclude("episode_reward"))
+    policy = with_version_stamp(_model(args).collection_policy())
+    collector = Collector(
+        env,
+        policy,
+        frames_per_batch=1_000,
+        total_frames=1_000,
+        auto_register_policy_transforms=False,
+    )
+    for frames in collector:
+        rb.extend(frames.reshape(-1))
+    collector.shutdown()
     clock = StepClock()
     _trainer(args, [clock]).fit(
         _model(args), datamodule=ReplayBufferDataModule(rb, batch_size=BATCH, num_batches=None)
@@ -148,7 +161,7 @@ def online(args, asynchronous: bool) -> float:
             ENV_ID,
             asynchronous=True,
             run_in=args.run_in,
-            frames_per_step=8,
+            frames_per_step=args.frames_per_batch,
             sync_every_n_steps=args.sync_every,
             **options,
         )
@@ -176,6 +189,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run-in", choices=["process", "thread"], default="process")
     parser.add_argument("--sync-every", type=int, default=10, help="sync_every_n_steps")
+    parser.add_argument(
+        "--frames-per-batch", type=int, default=8, help="frames the worker delivers at a time"
+    )
     parser.add_argument(
         "--error-batches", type=int, default=2, help="the limiter's error_buffer, in batches"
     )
