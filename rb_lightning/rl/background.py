@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import multiprocessing
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -125,6 +126,49 @@ def check_start_method(
     return start_method
 
 
+def _start_worker(
+    make_env: Callable[[], EnvBase], policy: TensorDictSequential, timeout: float, **options: Any
+) -> AsyncCollector:
+    """torchrl's ``AsyncCollector``, or a :class:`CollectorError` if its worker is not up in time.
+
+    torchrl waits for a starting worker without a timeout (a worker that fails while
+    importing the main script never answers): the workers started here are killed after
+    ``timeout`` seconds, which ends that wait.
+    """
+    before = set(multiprocessing.active_children())
+    late = threading.Event()
+
+    def kill_new_workers() -> None:
+        late.set()
+        for child in set(multiprocessing.active_children()) - before:
+            child.kill()
+
+    timer = threading.Timer(timeout, kill_new_workers)
+    timer.daemon = True
+    timer.start()
+    try:
+        return AsyncCollector(make_env, policy, **options)
+    except Exception as error:
+        if not late.is_set():
+            raise
+        # The traceback's frames hold the half-built collector, whose weight-sync scheme
+        # would be finalized at interpreter exit, where it blocks: free it now.
+        error.__traceback__ = None
+    finally:
+        timer.cancel()
+    gc.collect()
+    raise CollectorError(
+        f"The asynchronous collector's worker process did not start within {timeout:g}s and "
+        "was stopped. With start_method 'spawn' or 'forkserver' (spawn is the default) the "
+        "worker imports the program's main script again: a script that starts training "
+        'outside `if __name__ == "__main__":` makes the worker fail before it can start. '
+        "Put the script's training code under that guard (train.py does), use "
+        "start_method='fork' on a CPU machine, or raise the rate limiter's timeout if the "
+        "worker's imports are that slow.",
+        argument="start_method",
+    )
+
+
 @contextlib.contextmanager
 def _global_start_method(start_method: StartMethod | None) -> Iterator[None]:
     # torchrl starts its workers with the program's global start method when one is set
@@ -159,6 +203,8 @@ class BackgroundCollection:
             ``wait_for_insert``).
         on_stored: Called after each batch was stored (the rate limiter's ``wake``).
         start_method: How ``"process"`` mode starts its worker (:func:`check_start_method`).
+        start_timeout: Seconds ``"process"`` mode waits for its worker to start; then the
+            worker is killed and :class:`~rb_lightning.errors.CollectorError` raised.
     """
 
     def __init__(
@@ -174,6 +220,7 @@ class BackgroundCollection:
         before_next: Callable[[Callable[[], int], threading.Event], None] | None = None,
         on_stored: Callable[[], None] | None = None,
         start_method: StartMethod | None = None,
+        start_timeout: float = 60.0,
     ) -> None:
         self.mode = mode
         set_stamped_version(policy, version)  # the weights the collector starts with
@@ -191,8 +238,8 @@ class BackgroundCollection:
         self._torch_threads = torch.get_num_threads()
         if mode == "process":
             with _global_start_method(start_method):
-                self.collector: Collector | AsyncCollector = AsyncCollector(
-                    make_env, policy, num_threads=self._torch_threads, **common
+                self.collector: Collector | AsyncCollector = _start_worker(
+                    make_env, policy, start_timeout, num_threads=self._torch_threads, **common
                 )
         else:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)

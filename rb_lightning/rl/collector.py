@@ -327,6 +327,7 @@ class OnlineCollector(Callback):
             before_next=None if limiter is None else limiter.wait_for_insert,
             on_stored=None if limiter is None else limiter.wake,
             start_method=self.start_method,
+            start_timeout=60.0 if limiter is None else limiter.timeout,
         )
         if self.run_in == "process":  # the worker builds its own; this one did the warm-up
             env.close()

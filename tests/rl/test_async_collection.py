@@ -278,3 +278,37 @@ def test_start_method_of_a_synchronous_collector_is_one_paragraph_from_train_py(
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Traceback" not in run.stderr
     assert "start_method applies to asynchronous collection in a worker process" in run.stderr
+
+
+UNGUARDED_SCRIPT = """
+import lightning as L
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from rb_lightning import ReplayBufferDataModule, SamplesPerInsert
+from rb_lightning.rl import DQN, OnlineCollector
+
+# No `if __name__ == "__main__":`: a spawned worker runs this file again and fails.
+collector = OnlineCollector(
+    "CartPole-v1", env_kwargs={"categorical_action_encoding": True}, asynchronous=True,
+    run_in="process", start_method="spawn", init_random_frames=32, frames_per_step=8,
+)
+limiter = SamplesPerInsert(samples_per_insert=16, min_size=32, timeout=10)
+rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1_000))
+dm = ReplayBufferDataModule(rb, batch_size=16, num_batches=None, rate_limiter=limiter)
+trainer = L.Trainer(max_steps=20, callbacks=[collector], logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False)
+trainer.fit(DQN(observation_size=4, num_actions=2), datamodule=dm)
+"""
+
+
+def test_a_spawned_worker_that_cannot_start_ends_the_run_instead_of_hanging(tmp_path):
+    """A script without the main guard: the worker never starts; torchrl would wait forever."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = [line for line in run.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("rb_lightning.errors.CollectorError: The asynchronous collector's")
+    assert "did not start within 10s" in last and '__name__ == "__main__"' in last
+    assert "leaked" not in run.stderr  # no semaphore or shared memory left to the tracker
