@@ -294,11 +294,11 @@ class BufferStream:
 
     def _keep_drawn_ahead(self, drawn: Any) -> Any:
         """The first batch of a multi-batch draw; the others wait in :meth:`drawn_ahead`."""
-        if not isinstance(drawn, (TensorDictBase, torch.Tensor)):
+        if not isinstance(drawn, TensorDictBase):  # what a checkpoint can keep
             raise UsageError(
                 "batches_per_draw",
-                f"batches_per_draw={self._batches_per_draw} needs batches that are TensorDicts "
-                f"or tensors, to cut the draw into batches; this buffer returns "
+                f"batches_per_draw={self._batches_per_draw} needs TensorDict batches, to cut "
+                f"the draw into batches and checkpoint the rest; this buffer returns "
                 f"{type(drawn).__name__}. Use batches_per_draw=1.",
             )
         first, *rest = drawn.split(self._batch_size)
@@ -379,10 +379,10 @@ class BufferStream:
 def check_batches_per_draw(buffer: BufferHandle, value: int) -> int:
     """``value`` if ``buffer`` can be sampled ``value`` batches per call, else a :class:`UsageError`."""
     value = check_positive_int(value, "batches_per_draw")
-    sampler = getattr(buffer.replay_buffer, "sampler", None)
-    why = None
     if value == 1:
         return value
+    sampler = getattr(buffer.replay_buffer, "sampler", None)
+    why = None
     if not buffer.samples_in_process:
         why = "a remote buffer samples in its own process (it pipelines requests instead)"
     elif type(sampler) not in (RandomSampler, PrioritizedSampler):

@@ -148,7 +148,7 @@ class TrainingStream:
     def state_dict(
         self, buffer: BufferHandle, trainer: Any, *, inline_max_bytes: int
     ) -> dict[str, Any]:
-        """The position, and the buffer with the batches read ahead of this step."""
+        """The position, and the buffer with the batches read or drawn ahead of this step."""
         stream = self.state.state_dict()
         # Handed to the loop and not taken yet, then drawn and not handed out (they may open
         # the next epoch, so the resumed stream, not the loader, hands them out).
