@@ -9,9 +9,10 @@ number of optimizer steps and so the same number of generated completions. TRL r
 with ``loss_type="dapo"`` (its default: the token mean over the batch, as ours),
 ``num_iterations=1`` (on-policy, as ``max_staleness: 0``) and ``bf16=False``: float32,
 as ours. ``GRPOConfig`` defaults to ``bf16=True``, which on a CPU too runs its generation
-and its training forward under bfloat16 autocast (log-probs off by up to 0.17 nats from
-float32 on the shipped model, a gradient 38% of its norm away); ``--trl-bf16`` runs
-TRL that way.
+and its training forward under bfloat16 autocast (for this tiny Llama, log-probs up to
+0.17 nats from float32's and a step's gradient 38% of its norm away); ``--trl-bf16``
+runs TRL that way. Both clip the gradient norm at 1 (TRL's default ``max_grad_norm``,
+``gradient_clip_val`` in ``llm_grpo.yaml``).
 
 Rows:
 
