@@ -6,8 +6,13 @@ same task (``"a+b="``, operands 0..50) with 8 completions per prompt, 8 prompts 
 step, the same reward (:func:`rb_lightning.llm.data.arithmetic_reward`), learning
 rate (3e-4, AdamW), clip 0.2, no KL, temperature 1.0, at most 4 new tokens, the same
 number of optimizer steps and so the same number of generated completions. TRL runs
-with ``loss_type="dapo"`` (its default: the token mean over the batch, as ours) and
-``num_iterations=1`` (on-policy, as ``max_staleness: 0``).
+with ``loss_type="dapo"`` (its default: the token mean over the batch, as ours),
+``num_iterations=1`` (on-policy, as ``max_staleness: 0``) and ``bf16=False``: float32,
+as ours. ``GRPOConfig`` defaults to ``bf16=True``, which on a CPU too runs its generation
+and its training forward under bfloat16 autocast (for this tiny Llama, log-probs up to
+0.17 nats from float32's and a step's gradient 38% of its norm away); ``--trl-bf16``
+runs TRL that way. Both clip the gradient norm at 1 (TRL's default ``max_grad_norm``,
+``gradient_clip_val`` in ``llm_grpo.yaml``).
 
 Rows:
 
@@ -122,7 +127,7 @@ def run_ours(
     }
 
 
-def run_trl(sft: Path, seed: int, steps: int, root: Path) -> dict[str, float]:
+def run_trl(sft: Path, seed: int, steps: int, root: Path, bf16: bool = False) -> dict[str, float]:
     import datasets
     import trl
 
@@ -134,7 +139,7 @@ def run_trl(sft: Path, seed: int, steps: int, root: Path) -> dict[str, float]:
         weight_decay=0.0, warmup_steps=0, epsilon=0.2, beta=0.0, temperature=1.0,
         loss_type="dapo", num_iterations=1, seed=seed, report_to=[], use_cpu=True,
         save_strategy="no", logging_steps=steps, dataloader_num_workers=0,
-        disable_tqdm=True,
+        disable_tqdm=True, bf16=bf16,
     )  # fmt: skip
     trainer = trl.GRPOTrainer(
         model=model, reward_funcs=arithmetic_reward, args=config,
@@ -160,6 +165,9 @@ def main() -> None:
     parser.add_argument(
         "--replay-staleness", type=int, default=2, help="max_staleness of the replay row"
     )
+    parser.add_argument(
+        "--trl-bf16", action="store_true", help="run TRL under bfloat16 autocast (its default)"
+    )
     options = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,11 +186,14 @@ def main() -> None:
             rows["ours (replay)"].append(
                 run_ours(sft, seed, options.steps, root / f"b{seed}", options.replay_staleness)
             )
-            rows["trl"].append(run_trl(sft, seed, options.steps, root / f"t{seed}"))
+            rows["trl"].append(
+                run_trl(sft, seed, options.steps, root / f"t{seed}", options.trl_bf16)
+            )
             for name, results in rows.items():
                 print(f"seed {seed} {name}: {results[-1]}", flush=True)
     print(f"\nSFT start ({options.sft_steps} steps): held-out greedy accuracy {start:.3f}")
-    print(f"{options.steps} GRPO steps, seeds {options.seeds}, medians:\n")
+    precision = "bfloat16 autocast" if options.trl_bf16 else "float32"
+    print(f"{options.steps} GRPO steps, seeds {options.seeds}, TRL in {precision}, medians:\n")
     print("| run | accuracy | completions | train (s) | cpu (s) |")
     print("|---|---|---|---|---|")
     for name, results in rows.items():
