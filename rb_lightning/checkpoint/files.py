@@ -208,8 +208,14 @@ def remove_stale_versions(directory: str | os.PathLike) -> list[Path]:
         >>> [p.name for p in remove_stale_versions(root)], [p.name for p in root.iterdir()]
         (['dead.tmp'], ['kept'])
     """
-    removed = []
-    for entry in Path(directory).glob("*.tmp"):
+    removed: list[Path] = []
+    try:
+        entries = list(Path(directory).glob("*.tmp"))
+    except FileNotFoundError:
+        # Gone while listed: the buffer of an older checkpoint, deleted by Lightning's
+        # AsyncCheckpointIO thread during this save. Nothing of it is left to clean.
+        return removed
+    for entry in entries:
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
