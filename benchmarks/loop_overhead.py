@@ -4,12 +4,12 @@ Four Trainers run the same one-parameter model (``throughput.TinyModel``), with
 the same Lightning, in the same process, interleaved, medians of ``--repeats``:
 
 1. ``datamodule``: ``ReplayBufferDataModule`` over a real buffer (RL transitions);
-1b. ``datamodule_per_draw``: the same with ``batches_per_draw=K`` (``--batches-per-draw``):
-   one ``rb.sample(K * B)`` per K steps;
-2. ``fixed_sample``: the same DataModule over a buffer whose ``sample`` returns
+2. ``datamodule_per_draw``: the same with ``batches_per_draw=K`` (``--batches-per-draw``,
+   default 32): one ``rb.sample(K * B)`` per K steps;
+3. ``fixed_sample``: the same DataModule over a buffer whose ``sample`` returns
    one pre-drawn batch: every piece of rb_lightning's loop (stream, loader,
    resume bookkeeping, batch transfer), but no sampling;
-3. ``pre_sampled``: Lightning fed one pre-drawn batch by a plain loader (no
+4. ``pre_sampled``: Lightning fed one pre-drawn batch by a plain loader (no
    rb_lightning in the loop at all).
 
 ``plumbing = 1/fixed_sample - 1/pre_sampled`` is what rb_lightning adds per step;
@@ -20,7 +20,7 @@ their own time per step.
 
 Run from the repository root::
 
-    python benchmarks/loop_overhead.py                 # 400 steps x 3 repeats, ~1 minute
+    python benchmarks/loop_overhead.py                 # 400 steps x 3 repeats, ~20 s
     python benchmarks/loop_overhead.py --profile       # and where the time goes
 """
 
