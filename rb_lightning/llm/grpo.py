@@ -288,8 +288,6 @@ class GRPOModule(L.LightningModule):
         prompts = self._prompts(n_prompts, generator)
         repeated = [p for p in prompts for _ in range(self.num_generations)]
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
-        prompt_ids = prompt_ids.repeat_interleave(self.num_generations, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(self.num_generations, dim=0)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         was_training = self.model.training
         self.model.eval()
@@ -297,7 +295,10 @@ class GRPOModule(L.LightningModule):
             self.model, prompt_ids, prompt_mask, max_new_tokens=self.max_new_tokens,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
             generator=generator, temperature=self.temperature,
+            completions_per_prompt=self.num_generations,
         )  # fmt: skip
+        prompt_ids = prompt_ids.repeat_interleave(self.num_generations, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(self.num_generations, dim=0)
         input_ids = torch.cat([prompt_ids, out.completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, out.completion_mask], dim=1)
         behaviour = out.log_probs  # the sampling distribution's, from the draw's own logits

@@ -80,3 +80,28 @@ def test_the_objective_clips_the_ratio_to_the_stored_behaviour_per_token():
     mask = batch["completion_mask"].float()
     assert float(loss) == pytest.approx(float(-(gain * mask).sum() / mask.sum()), abs=1e-5)
     assert float(stats["clip_fraction"]) == pytest.approx(1.0)
+
+
+def test_a_group_sampled_from_one_prompt_pass_is_the_group_sampled_from_repeated_prompts():
+    from rb_lightning.llm.data import arithmetic_examples, make_tokenizer
+    from rb_lightning.llm.generation import encode_prompts, sample_completions
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config(hidden=32)).eval()
+    ids, mask = encode_prompts(make_tokenizer(), [p for p, _ in arithmetic_examples(4)], width=8)
+    options = dict(max_new_tokens=4, eos_token_id=1, pad_token_id=0)
+    repeated = sample_completions(
+        model, ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0),
+        generator=torch.Generator().manual_seed(5), **options,
+    )  # fmt: skip
+    shared = sample_completions(
+        model, ids, mask, generator=torch.Generator().manual_seed(5), completions_per_prompt=8,
+        **options,
+    )  # fmt: skip
+    assert shared.completion_ids.shape == (32, 4)
+    assert torch.equal(shared.completion_ids, repeated.completion_ids)
+    assert torch.equal(shared.completion_mask, repeated.completion_mask)
+    torch.testing.assert_close(shared.log_probs, repeated.log_probs, rtol=0, atol=1e-6)
+    assert len(set(map(tuple, shared.completion_ids[:8].tolist()))) > 1, "a group, not 8 copies"
+    with pytest.raises(UsageError, match="completions_per_prompt"):
+        sample_completions(model, ids, mask, completions_per_prompt=0, **options)
