@@ -425,22 +425,17 @@ class OnlineCollector(Callback):
             if trainer.global_step % self.sync_every_n_steps == 0:
                 self._background.sync(trainer.global_step)
             self._background.ready(self._store)
-            self._log(trainer, pl_module, batch)
+        elif self.collector is None:
             return
-        if self.collector is None:
-            return
-        # The optimizer-step count, not a batch counter of this process: a resumed run
-        # keeps the collection phase of the run it continues. A rate limiter asks instead.
-        if self._rate_limiter is None and trainer.global_step % self.every_n_steps == 0:
+        elif self._rate_limiter is None and trainer.global_step % self.every_n_steps == 0:
+            # The optimizer-step count, not a batch counter of this process: a resumed run
+            # keeps the collection phase of the run it continues. A rate limiter asks instead.
             self._collect()
-        self._log(trainer, pl_module, batch)
-
-    def _log(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
         self._telemetry.log(
             trainer,
             pl_module,
             batch,
-            episodes=self.episodes,
+            last_of_epoch=batch_idx + 1 == trainer.num_training_batches,
             mean_return=self.mean_return,
             frames=self.frames,
             buffer_size=len(self._buffer),

@@ -2,8 +2,7 @@
 
 Examples:
     >>> telemetry = CollectionTelemetry()
-    >>> telemetry.episodes_logged
-    0
+    >>> telemetry.start(step=0)
 """
 
 from __future__ import annotations
@@ -24,14 +23,14 @@ __all__ = ["CollectionTelemetry"]
 class CollectionTelemetry:
     """Log a collector's numbers through the LightningModule, on Lightning's cadence.
 
-    Each ``pl_module.log`` call costs a metric update, so the return is logged when an
-    episode ends (the progress bar keeps the last value) and, with the rest, every
-    ``log_every_n_steps``: a logged row has it whether or not an episode ended just
-    then (a resumed run's environments start new episodes).
+    Each ``pl_module.log`` call costs a metric update (about 1 ms on a CPU, as much as a
+    small network's training step), so nothing is logged per episode: the mean return is
+    logged with the rest every ``log_every_n_steps`` (a written row always has it), and
+    also on the last step of an epoch and of the fit, where callbacks such as
+    ``EarlyStopping`` read it. The progress bar shows the return as of then.
     """
 
     def __init__(self) -> None:
-        self.episodes_logged = 0
         self._clock: tuple[float, int] | None = None
 
     def start(self, step: int) -> None:
@@ -44,13 +43,16 @@ class CollectionTelemetry:
         pl_module: LightningModule,
         batch: Any,
         *,
-        episodes: int,
+        last_of_epoch: bool,
         mean_return: float,
         frames: int,
         buffer_size: int,
         limiter: SamplesPerInsert | None,
     ) -> None:
-        """Log this step's numbers (the replay counters only with a rate limiter)."""
+        """Log this step's numbers (the replay counters only with a rate limiter).
+
+        ``last_of_epoch``: the step that ends the epoch (also the return is logged then).
+        """
 
         def log(name: str, value: float, prog_bar: bool = False) -> None:
             pl_module.log(
@@ -60,9 +62,9 @@ class CollectionTelemetry:
         step = trainer.global_step
         every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         on_cadence = step % every == 0
-        if (on_cadence or episodes != self.episodes_logged) and not math.isnan(mean_return):
+        last_of_fit = 0 < trainer.max_steps <= step
+        if (on_cadence or last_of_epoch or last_of_fit) and not math.isnan(mean_return):
             log("episode_return", mean_return, prog_bar=True)
-            self.episodes_logged = episodes
         if not on_cadence or self._clock is None:
             return
         now, (then, then_step) = time.perf_counter(), self._clock

@@ -156,6 +156,51 @@ def test_episode_return_reaches_the_progress_bar():
     assert 5 < collector.mean_return < 100  # random play on CartPole
 
 
+class ReturnLogRecordingDQN(DQN):
+    """DQN that records the steps at which ``episode_return`` is logged."""
+
+    def __init__(self) -> None:
+        super().__init__(observation_size=4, num_actions=2, hidden_sizes=[16])
+        self.return_logged_at: list[int] = []
+
+    def log(self, name, value, *args, **kwargs):
+        if name == "episode_return":
+            self.return_logged_at.append(self.trainer.global_step)
+        return super().log(name, value, *args, **kwargs)
+
+
+def test_the_return_is_logged_where_lightning_reads_it_not_at_every_episode_end():
+    # A log call costs about as much as a training step of a small network: one per ended
+    # episode (many, at one frame per step with a random policy) made up ~7% of a run.
+    class EpochEnds(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[float, float]] = []
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.seen.append(
+                (trainer.callback_metrics["episode_return"].item(), collector.mean_return)
+            )
+
+    rb = _buffer()
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs=CARTPOLE, init_random_frames=100, frames_per_step=8, seed=0
+    )
+    model, epoch_ends = ReturnLogRecordingDQN(), EpochEnds()
+    trainer = quiet_trainer(
+        max_steps=45, limit_train_batches=10, log_every_n_steps=20,
+        callbacks=[collector, epoch_ends],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=ReplayBufferDataModule(rb, batch_size=16, num_batches=None))
+    # log_every_n_steps (20, 40), the ends of the 10-step epochs (10, 20, 30, 40), the last step
+    assert model.return_logged_at == [10, 20, 30, 40, 45]
+    assert collector.episodes >= 10, "more episodes ended than the return was logged"
+    # What EarlyStopping reads at the end of each epoch is the return at that moment.
+    assert len(epoch_ends.seen) == 5  # the fit ends a fifth, 5-step epoch
+    for logged, current in epoch_ends.seen:
+        assert logged == pytest.approx(current)
+    assert trainer.progress_bar_metrics["episode_return"] == pytest.approx(collector.mean_return)
+
+
 def test_seeded_collection_is_reproducible():
     def run() -> torch.Tensor:
         L.seed_everything(3)
