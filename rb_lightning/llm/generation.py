@@ -104,8 +104,8 @@ def sample_completions(
 
     With ``completions_per_prompt = G`` each prompt row gets ``G`` completions (rows
     ``i * G`` to ``i * G + G - 1`` of the result): the prompt is run through the model
-    once and its key/value cache repeated, instead of once per completion (a group of 8
-    then costs a third less to sample, for the shipped model).
+    once and its key/value cache repeated, instead of once per completion (for the
+    shipped GRPO config, 13% less time per training step).
 
     A completion ends with its eos token (included, masked 1); what follows is
     ``pad_token_id``, masked 0. Draws come from ``generator`` (on the model's
