@@ -92,10 +92,14 @@ class RunLogger(CSVLogger):
             keys, rows = kept
             if self.purge_step is not None:
                 rows = [row for row in rows if not _at_or_after(row, self.purge_step)]
-            with open(metrics, "w", newline="") as file:
+            # Written aside and renamed: a reader of the file (a user's `tail`, a dashboard)
+            # never meets it empty.
+            partial = metrics.with_name(metrics.name + ".tmp")
+            with open(partial, "w", newline="") as file:
                 out = csv.DictWriter(file, fieldnames=keys)
                 out.writeheader()
                 out.writerows(rows)
+            os.replace(partial, metrics)
             writer.metrics_keys = keys
         return writer
 
