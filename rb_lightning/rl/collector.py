@@ -435,7 +435,7 @@ class OnlineCollector(Callback):
             trainer,
             pl_module,
             batch,
-            last_of_epoch=batch_idx + 1 == trainer.num_training_batches,
+            batch_idx,
             mean_return=self.mean_return,
             frames=self.frames,
             buffer_size=len(self._buffer),

@@ -42,17 +42,14 @@ class CollectionTelemetry:
         trainer: Trainer,
         pl_module: LightningModule,
         batch: Any,
+        batch_idx: int,
         *,
-        last_of_epoch: bool,
         mean_return: float,
         frames: int,
         buffer_size: int,
         limiter: SamplesPerInsert | None,
     ) -> None:
-        """Log this step's numbers (the replay counters only with a rate limiter).
-
-        ``last_of_epoch``: the step that ends the epoch (also the return is logged then).
-        """
+        """Log this step's numbers (the replay counters only with a rate limiter)."""
 
         def log(name: str, value: float, prog_bar: bool = False) -> None:
             pl_module.log(
@@ -62,6 +59,7 @@ class CollectionTelemetry:
         step = trainer.global_step
         every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         on_cadence = step % every == 0
+        last_of_epoch = batch_idx + 1 == trainer.num_training_batches
         last_of_fit = 0 < trainer.max_steps <= step
         if (on_cadence or last_of_epoch or last_of_fit) and not math.isnan(mean_return):
             log("episode_return", mean_return, prog_bar=True)
