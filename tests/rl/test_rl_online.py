@@ -171,7 +171,7 @@ class ReturnLogRecordingDQN(DQN):
 
 def test_the_return_is_logged_where_lightning_reads_it_not_at_every_episode_end():
     # A log call costs about as much as a training step of a small network: one per ended
-    # episode (many, at one frame per step with a random policy) made up ~7% of a run.
+    # episode was 93 calls, 0.08 s, of benchmarks/async_overlap.py's 1,500 steps.
     class EpochEnds(L.Callback):
         def __init__(self) -> None:
             self.seen: list[tuple[float, float]] = []
