@@ -56,7 +56,7 @@ from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
 from rb_lightning.sources.buffer_sources import BufferSource, SourceError
-from rb_lightning.stream.priorities import current_max_priority
+from rb_lightning.stream.priorities import current_max_priority, in_sampler_dtype
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
@@ -338,7 +338,9 @@ class BufferMixture(ReplayBufferEnsemble):
                 continue
             mask = source == member_id
             if bool(mask.any()):
-                self._members[name].update_priority(index[mask.to(index.device)], priority[mask])
+                member = self._members[name]
+                member_priority = in_sampler_dtype(priority[mask], member.sampler)
+                member.update_priority(index[mask.to(index.device)], member_priority)
 
     def max_priority(self) -> float:
         """The largest current max priority over the prioritized members (1.0 if none)."""

@@ -56,6 +56,7 @@ from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
 from rb_lightning.distributed.ray_checkpoint import remote_buffer_state, restore_remote_buffer_state
 from rb_lightning.errors import MissingKeyError, UsageError
 from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.stream import priorities
 from rb_lightning.stream.device_prefetch import check_device_storage, storage_device
 from rb_lightning.stream.loader import LoaderOptions
 from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
@@ -310,11 +311,10 @@ class BufferHandle:
     ) -> int:
         """Write ``priority`` for the items of ``batch``; return how many were replaced."""
         rb = self.replay_buffer
-        # The sampler's sum trees' device (CUDA for a CUDA storage when torchrl has CUDA,
-        # else CPU): moving there once avoids a round trip through the other device.
+        # The sum trees' device (CUDA for a CUDA storage if torchrl has CUDA): one move there.
         tree_device = getattr(getattr(rb, "sampler", None), "device", None)
         tree_device = torch.device(tree_device) if tree_device is not None else torch.device("cpu")
-        priority = torch.as_tensor(priority).detach().to(tree_device)
+        priority = priorities.in_sampler_dtype(priority, rb.sampler).to(tree_device)
         checked = check_priority(
             priority, invalid=invalid, replacement=lambda: current_max_priority(rb), where=where
         )

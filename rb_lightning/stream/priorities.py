@@ -125,8 +125,27 @@ def check_priority(
     )
 
 
+def in_sampler_dtype(priority: Any, sampler: Any) -> torch.Tensor:
+    """``priority`` as a tensor of the type of ``sampler``'s sum tree (float32 by default).
+
+    Mixed precision (``"bf16-mixed"``, ``"16-mixed"``) and ``"64-true"`` compute a TD
+    error in another type than the tree's, and torchrl's trees take their own only.
+
+    Examples:
+        >>> from torchrl.data import PrioritizedSampler
+        >>> in_sampler_dtype(torch.ones(2, dtype=torch.bfloat16), PrioritizedSampler(4, 0.6, 0.4))
+        tensor([1., 1.])
+    """
+    priority = torch.as_tensor(priority).detach()
+    dtype = getattr(sampler, "dtype", None)
+    if isinstance(dtype, torch.dtype) and priority.dtype != dtype:
+        return priority.to(dtype)
+    return priority
+
+
 __all__ = [
     "INVALID_PRIORITY_MODES",
+    "in_sampler_dtype",
     "InvalidPriorityError",
     "check_invalid_priority_mode",
     "check_priority",

@@ -285,7 +285,8 @@ def send_priority_update(
             live = (current >= 0) & (generation >= 0) & (current == generation)
             dropped = int((~live).sum())
             index = torch.where(live, index, torch.full_like(index, -1))
-        rb.update_priority(index, priority)
+        # The tree's own type: mixed precision computes priorities in bfloat16 or float16.
+        rb.update_priority(index, priority.to(getattr(rb.sampler, "dtype", priority.dtype)))
         return dropped
 
     actor = live_actor(replay_buffer)
