@@ -7,6 +7,7 @@ from typing import Any, Final, Literal
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Timer
 
 from rb_lightning.errors import BufferStateError, UsageError
 
@@ -46,6 +47,21 @@ def epoch_length(
     return count
 
 
+def has_time_limit(trainer: Any) -> bool:
+    """Whether ``Trainer(max_time=...)`` (Lightning's ``Timer``) stops the run mid-epoch.
+
+    Only a timer checked after every step does (``max_time`` makes one); one checked
+    at epoch ends (``Timer(interval="epoch")``) would wait for an end that never comes.
+    """
+    return any(
+        isinstance(callback, Timer)
+        and callback.time_remaining() is not None
+        # Lightning keeps the interval private and has no accessor for it.
+        and getattr(callback, "_interval", "step") == "step"
+        for callback in trainer.callbacks
+    )
+
+
 def check_epoch_is_bounded(num_batches: int | None, trainer: Any) -> None:
     """Refuse an unbounded stream (``num_batches=None``) that no Trainer setting stops."""
     if num_batches is not None or trainer is None:
@@ -53,14 +69,14 @@ def check_epoch_is_bounded(num_batches: int | None, trainer: Any) -> None:
     limit = trainer.limit_train_batches
     bounded_by_limit = isinstance(limit, int) and not isinstance(limit, bool)
     bounded_by_steps = trainer.max_steps is not None and trainer.max_steps >= 0
-    if not (bounded_by_limit or bounded_by_steps):
+    if not (bounded_by_limit or bounded_by_steps or has_time_limit(trainer)):
         raise UsageError(
             "num_batches",
             "ReplayBufferDataModule(num_batches=None) is an unbounded stream, and this "
             f"Trainer has no bound for it (limit_train_batches={limit!r}, "
-            f"max_steps={trainer.max_steps}): the first epoch would never end. Set "
-            "Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
-            "or Trainer(max_steps=<int>), or give the DataModule num_batches=<int> (in a "
+            f"max_steps={trainer.max_steps}, no max_time): the first epoch would never end. "
+            "Set Trainer(limit_train_batches=<int>) to make every epoch that many batches, "
+            "or Trainer(max_steps=<int>), or Trainer(max_time=...), or give the DataModule num_batches=<int> (in a "
             "config: trainer.limit_train_batches, trainer.max_steps, "
-            "data.init_args.num_batches).",
+            "trainer.max_time, data.init_args.num_batches).",
         )
