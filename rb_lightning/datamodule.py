@@ -25,7 +25,7 @@ from rb_lightning.checkpoint import (
 )
 from rb_lightning.errors import MissingKeyError
 from rb_lightning.sources.buffer_sources import BufferSource, fill_for_stage, fill_sources
-from rb_lightning.stream.datasets import ReplayBufferPassDataset
+from rb_lightning.stream.datasets import ReplayBufferBatchDataset, ReplayBufferPassDataset
 from rb_lightning.stream.device_prefetch import CopyEngine
 from rb_lightning.stream.epochs import AUTO, check_epoch_is_bounded, epoch_length
 from rb_lightning.stream.handles import BufferHandle, resolve_buffer
@@ -34,8 +34,16 @@ from rb_lightning.stream.priorities import InvalidPriority, check_invalid_priori
 from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
 from rb_lightning.stream.remote_prefetch import drained
 from rb_lightning.stream.sampling import BufferStream
+from rb_lightning.stream.spawn import copy_into_spawned_processes
 from rb_lightning.stream.state import fit_loop_progress
 from rb_lightning.stream.training import TrainingStream, check_training_options
+from rb_lightning.trainer_switches import (
+    RepeatedBatches,
+    check_stage_has_data,
+    model_moves_batches,
+    overfit_batch_count,
+    refuse_weights_only_resume,
+)
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -178,6 +186,10 @@ class ReplayBufferDataModule(LightningDataModule):
         options = self.loader_options
         check_training_options(resolve_buffer(self.replay_buffer), self.batch_size, options)
         self._buffer: BufferHandle | None = None
+        # strategy="ddp_spawn" pickles this DataModule into each rank: each gets its own copy.
+        eval_buffers = [b for b in (self.val_buffer, self.test_buffer) if b is not None]
+        copy_into_spawned_processes([*self.buffer.in_process_buffers(), *eval_buffers])
+        self._repeated = RepeatedBatches(self._sample_batches)  # Trainer(overfit_batches=N)
         self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
         self._training = TrainingStream(  # the loader, its position, its device copies
             torch.initial_seed(),
@@ -192,6 +204,8 @@ class ReplayBufferDataModule(LightningDataModule):
         for stage, buffer in (("val", self.val_buffer), ("test", self.test_buffer)):
             if buffer is not None or self.eval_from_model:
                 vars(self)[f"{stage}_dataloader"] = partial(self._eval_loader, buffer, stage)
+        if self.eval_from_model:
+            vars(self)["predict_dataloader"] = partial(self._eval_loader, None, "predict")
 
     @property
     def buffer(self) -> BufferHandle:
@@ -227,7 +241,14 @@ class ReplayBufferDataModule(LightningDataModule):
         The training buffer gets a generator of its own (a checkpoint restores it)
         and, with workers, a process-shared write lock (``rb.share()``, logged).
         """
+        check_stage_has_data(stage, set(vars(self)))
         trainer = self.trainer
+        # A model's own transfer_batch_to_device moves the batches: Lightning calls the
+        # DataModule's when both override it, so show it the base hook instead.
+        vars(self).pop("transfer_batch_to_device", None)  # a previous fit's choice
+        if model_moves_batches(trainer, prefetch_to_device=self.loader_options.prefetch_to_device):
+            base_hook = LightningDataModule.transfer_batch_to_device
+            vars(self)["transfer_batch_to_device"] = base_hook.__get__(self)
         world_size = trainer.world_size if trainer is not None else 1
         self._buffer = resolve_buffer(self.replay_buffer, world_size=world_size)
         install_checkpoint_io(trainer)
@@ -247,6 +268,9 @@ class ReplayBufferDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Sampled batches of the training buffer."""
         num_batches = epoch_length(self.num_batches, len(self.buffer), self.batch_size)
+        overfit = getattr(self.trainer, "overfit_batches", 0)  # None without a Trainer
+        if overfit:  # the same batches every epoch
+            return self._repeated.loader(overfit_batch_count(overfit, num_batches), num_batches)
         check_epoch_is_bounded(num_batches, self.trainer)
         check_training_options(self.buffer, self.batch_size, self.loader_options)
         return self._training.loader(
@@ -255,6 +279,16 @@ class ReplayBufferDataModule(LightningDataModule):
             num_batches=num_batches,
             device=self.trainer.strategy.root_device if self.trainer is not None else None,
             keys=self.keys,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
+
+    def _sample_batches(self, count: int) -> ReplayBufferBatchDataset:
+        return ReplayBufferBatchDataset(
+            self.buffer.replay_buffer,
+            self.batch_size,
+            keys=self.keys,
+            num_batches=count,
             min_size=self.min_size,
             wait_timeout=self.wait_timeout,
         )
@@ -308,6 +342,9 @@ class ReplayBufferDataModule(LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a damaged dump: :class:`~rb_lightning.errors.BufferCheckpointError`)."""
+        if state_dict.get("weights_only"):
+            refuse_weights_only_resume(self.trainer)
+            return
         self._training.load_state_dict(
             state_dict, self.buffer, self.trainer, verify=self.checkpoint_verify
         )

@@ -32,9 +32,14 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from .beside import BUFFER_DIR_SUFFIX, BufferDumpRequest, buffer_dir_for, resolve_reference
 from .files import remove_stale_versions, sync_path
 
-__all__ = ["BufferCheckpointIO", "install_checkpoint_io"]
+__all__ = ["STREAM_STATE_TAG", "WEIGHTS_ONLY_STATE", "BufferCheckpointIO", "install_checkpoint_io"]
 
 _PARTIAL_PREFIX = ".rb_lightning-partial-"  # a .ckpt being written, renamed into place
+
+#: Marks a DataModule's state in a checkpoint dict, so that a weights-only save can drop it.
+STREAM_STATE_TAG = "rb_lightning_stream"
+#: What a weights-only checkpoint holds in place of a DataModule's state.
+WEIGHTS_ONLY_STATE: dict[str, Any] = {STREAM_STATE_TAG: True, "weights_only": True}
 
 #: Key of the save's number in the checkpoint dict, from :class:`BufferCheckpointIO` to
 #: the writer that commits it; removed before the ``.ckpt`` is written.
@@ -180,6 +185,9 @@ class BufferCheckpointIO(CheckpointIO):
     that thread after the new ``.ckpt`` is written. At every moment the newest
     complete ``.ckpt`` has its buffer on disk.
 
+    A weights-only save (``ModelCheckpoint(save_weights_only=True)``) keeps no buffer:
+    the DataModule's state becomes :data:`WEIGHTS_ONLY_STATE`, nothing is written beside.
+
     :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
     strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
     wrap a custom ``CheckpointIO``.
@@ -203,6 +211,10 @@ class BufferCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
+        if "optimizer_states" not in checkpoint:
+            # save_weights_only=True (Lightning leaves out the optimizers, loops' callbacks and
+            # all that resuming needs): the user asked for the weights, not the buffer.
+            _drop_stream_states(checkpoint)
         directory = buffer_dir_for(path)
         # Leftovers of saves that died, beside any checkpoint of this directory
         # (each .ckpt has its own <ckpt>.buffer/, and the next save has a new name).
@@ -245,6 +257,12 @@ class BufferCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.checkpoint_io.teardown()
+
+
+def _drop_stream_states(checkpoint: dict[str, Any]) -> None:
+    for key, value in checkpoint.items():
+        if isinstance(value, dict) and value.get(STREAM_STATE_TAG):
+            checkpoint[key] = dict(WEIGHTS_ONLY_STATE)
 
 
 def _weights_only(weights_only: bool | None) -> dict[str, bool]:

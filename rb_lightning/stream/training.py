@@ -24,6 +24,7 @@ from rb_lightning.checkpoint.elastic import (
     needs_redistribution,
     with_resume_options,
 )
+from rb_lightning.checkpoint.io import STREAM_STATE_TAG
 from rb_lightning.stream.datasets import ReplayBufferBatchDataset
 from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetcher, move_batch
 from rb_lightning.stream.handles import BufferHandle
@@ -157,7 +158,12 @@ class TrainingStream:
         saved = buffer.state_dict(
             trainer, inline_max_bytes=inline_max_bytes, pending_batches=pending
         )
-        state = {"batches_served": stream["batches_served"], "stream": stream, "buffer": saved}
+        state = {
+            STREAM_STATE_TAG: True,
+            "batches_served": stream["batches_served"],
+            "stream": stream,
+            "buffer": saved,
+        }
         if drawn:
             state["drawn_ahead"] = len(drawn)
         if self.rate_limiter is not None:
