@@ -218,6 +218,29 @@ def arithmetic_reward(
     return rewards
 
 
+@torch.no_grad()
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    prompt_width: int = 8,
+    max_new_tokens: int = 4,
+) -> torch.Tensor:
+    """Fraction of arithmetic ``prompts`` whose greedy completion by ``model`` is right."""
+    from rb_lightning.llm.generation import decode_completions, encode_prompts, sample_completions
+
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, list(prompts), prompt_width)
+    out = sample_completions(
+        model, ids.to(device), mask.to(device),
+        max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, greedy=True,
+    )  # fmt: skip
+    correct = arithmetic_reward(decode_completions(tokenizer, out.completion_ids), prompts)
+    return torch.tensor(correct).mean()
+
+
 def arithmetic_partial_reward(
     completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[float]:

@@ -62,7 +62,7 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import BufferStateError, UsageError
-from rb_lightning.llm.data import arithmetic_reward, make_tokenizer, solve
+from rb_lightning.llm.data import greedy_accuracy, make_tokenizer, solve
 from rb_lightning.llm.generation import (
     completion_log_probs,
     decode_completions,
@@ -406,17 +406,12 @@ class GRPOModule(L.LightningModule):
             self.log(name, value, batch_size=size)
 
     # -- evaluation -------------------------------------------------------------------------
-    @torch.no_grad()
     def greedy_accuracy(self, prompts: list[str]) -> torch.Tensor:
         """Fraction of ``prompts`` whose greedy completion is the right answer."""
-        ids, mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
-        out = sample_completions(
-            self.model, ids.to(self.device), mask.to(self.device),
-            max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, greedy=True,
+        return greedy_accuracy(
+            self.model, self.tokenizer, prompts,
+            prompt_width=self.prompt_width, max_new_tokens=self.max_new_tokens,
         )  # fmt: skip
-        correct = arithmetic_reward(decode_completions(self.tokenizer, out.completion_ids), prompts)
-        return torch.tensor(correct).mean()
 
     def _evaluate(self, batch: TensorDictBase, name: str) -> torch.Tensor:
         prompts = [str(p) for p in batch["prompt"]]

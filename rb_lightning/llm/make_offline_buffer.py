@@ -18,6 +18,7 @@ import torch
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
 
 from rb_lightning.llm.data import fill_arithmetic_buffer
+from rb_lightning.runs.run_log import quiet_run_log
 
 
 def make_offline_buffer(
@@ -49,6 +50,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    quiet_run_log()  # torchrl's INFO lines (storage initialised, spec checks)
     torch.set_num_threads(1)
     rb = make_offline_buffer(args.path, args.num_examples, args.capacity, args.seed)
     print(f"saved {len(rb)} items (capacity {args.capacity}) to {args.path}")

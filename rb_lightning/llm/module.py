@@ -37,9 +37,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rb_lightning.errors import ArgumentTypeError, MissingKeyError
-from rb_lightning.llm.data import (
-    IGNORE_INDEX,
-)
+from rb_lightning.llm.data import IGNORE_INDEX, greedy_accuracy, make_tokenizer
 
 try:
     from transformers import AutoModelForCausalLM, PretrainedConfig
@@ -62,6 +60,9 @@ class CausalLMModule(L.LightningModule):
         attention_mask_key: Batch key of the attention mask (``None``: attend to every token).
         labels_key: Batch key of the labels (``-100`` = no loss). When the batch
             has no such key, the labels are the token ids with ``-100`` on padding.
+        log_accuracy: Also log ``val_accuracy`` / ``test_accuracy``, as ``GRPOModule`` does:
+            the fraction of the batch's ``prompt`` strings (the arithmetic task of
+            :mod:`rb_lightning.llm.data`) whose greedy completion is right.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class CausalLMModule(L.LightningModule):
         input_key: str = "input_ids",
         attention_mask_key: str | None = "attention_mask",
         labels_key: str = "labels",
+        log_accuracy: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(config, PretrainedConfig):
@@ -90,6 +92,8 @@ class CausalLMModule(L.LightningModule):
         self.input_key = input_key
         self.attention_mask_key = attention_mask_key
         self.labels_key = labels_key
+        self.log_accuracy = bool(log_accuracy)
+        self._tokenizer: Any = None
 
     def _loss(self, batch: TensorDictBase) -> torch.Tensor:
         keys = set(batch.keys())
@@ -115,12 +119,30 @@ class CausalLMModule(L.LightningModule):
     def validation_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self.log("val_loss", loss, prog_bar=True, batch_size=batch.shape[0])
+        self._log_accuracy(batch, "val_accuracy")
         return loss
 
     def test_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self.log("test_loss", loss, batch_size=batch.shape[0])
+        self._log_accuracy(batch, "test_accuracy")
         return loss
+
+    def _log_accuracy(self, batch: TensorDictBase, name: str) -> None:
+        if not self.log_accuracy:
+            return
+        if "prompt" not in batch.keys():
+            raise MissingKeyError(
+                "log_accuracy",
+                "CausalLMModule(log_accuracy=True) scores the batch's 'prompt' strings, and "
+                "this batch has none. Fill the evaluation buffer with text (fill_arithmetic_"
+                "buffer's text=True) or set log_accuracy=False.",
+            )
+        if self._tokenizer is None:
+            self._tokenizer = make_tokenizer()
+        prompts = [str(p) for p in batch["prompt"]]
+        accuracy = greedy_accuracy(self.model, self._tokenizer, prompts)
+        self.log(name, accuracy, prog_bar=True, batch_size=len(prompts))
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)

@@ -1,23 +1,34 @@
 """Train a TRL trainer on a ``datasets`` folder exported from a Lightning run.
 
-    python train.py fit --config configs/llm_sft.yaml
+    python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
     rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
-    python -m rb_lightning.llm.trl_from_disk sft_data                     # SFTTrainer
-    python -m rb_lightning.llm.trl_from_disk sft_data --trainer sft grpo  # then GRPOTrainer
+    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft/version_0 \
+        --trainer sft grpo   # SFTTrainer, then GRPOTrainer, from the run's model
 
-A tiny Llama over the config's local character tokenizer, on the CPU, so that it
-runs in seconds; put your own model and tokenizer in their place. The data is
-``datasets.load_from_disk`` of the export, as any TRL script would read it.
-``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when it runs.
+``--model`` names the Lightning run (or its ``.ckpt``) whose model TRL continues; without
+it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). The tokenizer
+is the configs' local character tokenizer; put your own model and tokenizer in their
+place. The data is ``datasets.load_from_disk`` of the export, as any TRL script would
+read it. ``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when
+it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import warnings
 from typing import Any, cast
 
 from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
+
+#: The learning rates of configs/llm_sft.yaml and llm_grpo.yaml: TRL's defaults (2e-5, 1e-6)
+#: are for large pretrained models and leave this tiny one where it was.
+_LEARNING_RATES = {"sft": 3e-3, "grpo": 3e-4}
+#: Steps at each end of a run whose mean reward the summary line shows.
+_REWARD_WINDOW = 5
+#: transformers' deprecation of a keyword TRL passes on every step: nothing a user can change.
+_TRL_INTERNALS = r".*gradient_checkpointing.*"
 
 
 def tiny_model(tokenizer: Any) -> Any:
@@ -40,36 +51,96 @@ def tiny_model(tokenizer: Any) -> Any:
     return transformers.LlamaForCausalLM(config)
 
 
+def run_model(path: str) -> Any:
+    """The ``transformers`` model of a Lightning run of ``CausalLMModule`` (``llm_sft.yaml``).
+
+    ``path`` is the run directory or its ``.ckpt``; the model is rebuilt from the
+    config the module saved and given the checkpoint's weights.
+    """
+    import importlib
+
+    import transformers
+
+    from rb_lightning.checkpoint.load import checkpoint_path_of, read_torch_file
+
+    file = checkpoint_path_of(path)
+    if file is None:
+        raise SystemExit(
+            f"error: --model {path}: no checkpoint there. Give a run directory of "
+            "configs/llm_sft.yaml (runs/llm_sft/version_<N>) or its last.ckpt."
+        )
+    state = read_torch_file(file)  # tensors and plain data only: nothing unpickled
+    # LightningCLI saved the module's transformers config as {class_path, init_args}.
+    saved = state.get("hyper_parameters", {}).get("config")
+    config_class: Any = None
+    if isinstance(saved, dict) and isinstance(saved.get("class_path"), str):
+        module_name, _, class_name = saved["class_path"].rpartition(".")
+        config_class = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(config_class, type) and issubclass(config_class, transformers.PretrainedConfig)):
+        raise SystemExit(
+            f"error: --model {path}: {file} is not a run of a language model "
+            "(rb_lightning.llm.module.CausalLMModule, as configs/llm_sft.yaml trains)."
+        )
+    config = config_class(**saved.get("init_args", {}))
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    weights = {
+        key.removeprefix("model."): value
+        for key, value in state["state_dict"].items()
+        if key.startswith("model.")
+    }
+    model.load_state_dict(weights)
+    return model
+
+
 def main(argv: list[str] | None = None) -> None:
     """Train each trainer named in ``argv`` on the export, in turn, from one model."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", help="a folder written by rb-lightning-export-hf")
+    parser.add_argument(
+        "--model", help="a run of configs/llm_sft.yaml (its directory or .ckpt) to continue"
+    )
     parser.add_argument("--trainer", nargs="+", choices=["sft", "grpo"], default=["sft"])
     parser.add_argument("--max-steps", type=int, default=5)
     args = parser.parse_args(argv)
     import datasets
 
+    from rb_lightning.runs.run_log import quiet_run_log
+
+    quiet_run_log()
+    datasets.disable_progress_bars()  # TRL's tokenizing passes over the export
+    warnings.filterwarnings("ignore", message=_TRL_INTERNALS, category=FutureWarning)
     train_dataset = datasets.load_from_disk(args.dataset)
     tokenizer = make_tokenizer()
-    model = tiny_model(tokenizer)
+    model = tiny_model(tokenizer) if args.model is None else run_model(args.model)
     names = {"sft": "SFTTrainer", "grpo": "GRPOTrainer"}
     for name in args.trainer:
-        model, steps, loss = train(name, model, tokenizer, train_dataset, args.max_steps)
-        print(
-            f"{names[name]}: {steps} steps on {train_dataset.num_rows:,} rows of {args.dataset}, "
-            f"last loss {loss:.4f}"
-        )
+        model, steps, logs = train(name, model, tokenizer, train_dataset, args.max_steps)
+        line = f"{names[name]}: {steps} steps on {train_dataset.num_rows:,} rows of {args.dataset}"
+        rewards = [log["reward"] for log in logs if "reward" in log]
+        if rewards:  # GRPO: the mean reward of the completions of the first and last steps
+            window = min(_REWARD_WINDOW, max(1, len(rewards) // 2))
+            first, last = rewards[:window], rewards[-window:]
+            line += (
+                f", mean reward of the first {window} steps {sum(first) / window:.3f}, "
+                f"of the last {window} {sum(last) / window:.3f}"
+            )
+        else:
+            losses = [log["loss"] for log in logs if "loss" in log]
+            line += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+        print(line)
 
 
 def train(
     name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: int
-) -> tuple[Any, int, float]:
-    """Train ``model`` with TRL trainer ``name``; return the model, its steps and last loss."""
+) -> tuple[Any, int, list[dict[str, float]]]:
+    """Train ``model`` with TRL trainer ``name``; return the model, its steps and step logs."""
+    import transformers
     import trl
 
     common: dict[str, Any] = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-"),
         max_steps=max_steps,
+        learning_rate=_LEARNING_RATES[name],
         per_device_train_batch_size=8,
         logging_steps=1,
         report_to=[],
@@ -92,9 +163,11 @@ def train(
             train_dataset=train_dataset,
             processing_class=tokenizer,
         )
+    # Its bar and a dict of ~20 numbers per step; this script prints one line per trainer.
+    trainer.remove_callback(transformers.trainer_callback.ProgressCallback)
     trainer.train()
-    loss = [log["loss"] for log in trainer.state.log_history if "loss" in log][-1]
-    return trainer.model, trainer.state.global_step, float(loss)
+    steps = [log for log in trainer.state.log_history if "loss" in log]  # not the final summary
+    return trainer.model, trainer.state.global_step, steps
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ class Evaluation:
 
     Args:
         num_episodes: Episodes per evaluation.
-        seed: Seed of the first episode's environment; episode ``i`` uses ``seed + i``,
-            so two evaluations of the same weights give the same returns.
+        seed: Seed of the first ``validate`` episode's environment; episode ``i`` uses
+            ``seed + i``, so two evaluations of the same weights give the same returns.
+        test_seed: The same for ``test``; ``None``: ``seed + 1_000_000``. ``test`` plays
+            other episodes than ``validate``, as a test split holds other examples.
         env: A gymnasium id for the evaluation environment. ``None`` (default):
             the environment of the Trainer's :class:`~rb_lightning.rl.OnlineCollector`.
         env_kwargs: Keyword arguments for ``GymEnv`` when ``env`` is given.
@@ -65,12 +67,15 @@ class Evaluation:
     Examples:
         >>> Evaluation(num_episodes=5, seed=100).seeds()
         [100, 101, 102, 103, 104]
+        >>> Evaluation(num_episodes=2, seed=100, test_seed=7).seeds("test")
+        [7, 8]
     """
 
     def __init__(
         self,
         num_episodes: int = 10,
         seed: int = 1_000_000,
+        test_seed: int | None = None,
         *,
         env: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
@@ -79,6 +84,9 @@ class Evaluation:
     ) -> None:
         self.num_episodes = check_positive_int(num_episodes, "num_episodes")
         self.seed = check_non_negative_int(seed, "seed")
+        self.test_seed = check_non_negative_int(
+            self.seed + 1_000_000 if test_seed is None else test_seed, "test_seed"
+        )
         if env_kwargs and env is None:
             raise UsageError(
                 "env_kwargs", "Evaluation(env_kwargs=...) needs env=<gymnasium id> too."
@@ -88,18 +96,29 @@ class Evaluation:
         self.during_fit = bool(during_fit)
         self._env: EnvBase | None = None
 
-    def seeds(self) -> list[int]:
-        """Environment seeds of the episodes, in order."""
-        return [self.seed + i for i in range(self.num_episodes)]
+    def seeds(self, stage: str = "validate") -> list[int]:
+        """Environment seeds of the episodes of ``stage`` (``"validate"`` or ``"test"``)."""
+        first = self.test_seed if stage == "test" else self.seed
+        return [first + i for i in range(self.num_episodes)]
 
-    def dataloader(self, module: LightningModule) -> DataLoader | list:
-        """One batch per episode (its seed); empty during ``fit`` unless ``during_fit``."""
+    def dataloader(self, module: LightningModule, stage: str = "validate") -> DataLoader | list:
+        """One batch per episode (its seed); empty during ``fit`` unless ``during_fit``.
+
+        ``validate`` and ``test`` from the command line first say which episodes they play.
+        """
         trainer = module.trainer
         if trainer.state.fn == "fit" and not self.during_fit:
             # No evaluation during fit: Lightning's note that this loader is empty is expected.
             warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
             return []
-        return DataLoader(_EpisodeSeeds(self.num_episodes, self.seed), batch_size=None)
+        seeds = self.seeds(stage)
+        if trainer.state.fn == stage and trainer.is_global_zero:
+            print(
+                f"{stage}: {self.num_episodes} episodes without exploration, environment seeds "
+                f"{seeds[0]:,}-{seeds[-1]:,}",
+                flush=True,
+            )
+        return DataLoader(_EpisodeSeeds(self.num_episodes, seeds[0]), batch_size=None)
 
     def run_episode(self, module: LightningModule, seed: int) -> float:
         """Return of one episode of ``module.collection_policy()`` without exploration."""
@@ -159,10 +178,10 @@ class EvaluatesEpisodes:
     evaluation: Evaluation
 
     def val_dataloader(self) -> Any:
-        return self.evaluation.dataloader(self)  # type: ignore[arg-type]
+        return self.evaluation.dataloader(self, "validate")  # type: ignore[arg-type]
 
     def test_dataloader(self) -> Any:
-        return self.evaluation.dataloader(self)  # type: ignore[arg-type]
+        return self.evaluation.dataloader(self, "test")  # type: ignore[arg-type]
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self._episode_returns.append(self.evaluation.run_episode(self, int(batch)))  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.postprocs import MultiStep
 
 from rb_lightning.rl import DQN, OnlineCollector
+from rb_lightning.runs.run_log import quiet_run_log
 
 #: What configs/cartpole_dqn*.yaml store: the keys DQN reads.
 KEYS = [
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--n-steps", type=int, default=3, help="as the config's n_steps")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    quiet_run_log()  # torchrl's INFO lines (storage initialised, spec checks)
     if args.frames > args.capacity:
         parser.error(f"--frames {args.frames} does not fit in --capacity {args.capacity}.")
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():

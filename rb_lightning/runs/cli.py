@@ -25,7 +25,7 @@ from typing import Any
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint, ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from tensordict.utils import NestedKey
 
@@ -38,6 +38,7 @@ from rb_lightning.runs.config_errors import (
     one_paragraph,
     parse_error,
 )
+from rb_lightning.runs.model_summary import RunModelSummary
 from rb_lightning.runs.progress import StepProgressBar
 from rb_lightning.runs.report import RunReport
 from rb_lightning.runs.run_dirs import (
@@ -243,7 +244,8 @@ class ReplayBufferCLI(LightningCLI):
         )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The configured Trainer, plus a step-counting progress bar and a :class:`RunReport`."""
+        """The configured Trainer, plus a step-counting progress bar, a model summary without
+        FLOPs nobody counted, and a :class:`RunReport`."""
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         configured = config["trainer"].get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
@@ -259,6 +261,10 @@ class ReplayBufferCLI(LightningCLI):
             isinstance(cb, ProgressBar) for cb in configured
         ):
             added.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
+        if config["trainer"].get("enable_model_summary") is not False and not any(
+            isinstance(cb, ModelSummary) for cb in configured
+        ):
+            added.append(RunModelSummary())  # no FLOPs column of zeros
         reports = [cb for cb in configured if isinstance(cb, RunReport)]
         if not reports:
             reports = [RunReport()]

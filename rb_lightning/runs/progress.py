@@ -5,14 +5,22 @@ and their "epochs" (``limit_train_batches``) only set how often callbacks look.
 Lightning's bar restarts every epoch and reads ``Epoch 235/-2`` when
 ``max_epochs=-1``; this one shows ``step 23,500/60,000`` and the logged metrics,
 without the logger's version number.
+
+Bars a log would keep as stale lines are not drawn: the sanity check's (two
+validation batches before training; an error there still surfaces), bars that
+open as ``Training: 0/?`` or ``Validation: 0/?`` before their total is known, and
+the nested validation bar inside ``fit`` (its cursor-up codes read as ``[A``
+lines where output is redirected; the step bar shows ``val_*`` when it ends).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
 __all__ = ["StepProgressBar"]
 
@@ -35,15 +43,48 @@ class StepProgressBar(TQDMProgressBar):
     def _counts_steps(self, trainer: Trainer) -> bool:
         return trainer.max_steps is not None and trainer.max_steps > 0
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        if self._counts_steps(trainer):
-            bar = self.train_progress_bar
-            bar.reset(total=trainer.max_steps)
-            # A resumed run starts where it stopped; its rate counts only its own steps.
-            bar.n = bar.initial = trainer.global_step
-            bar.set_description("step")
-            bar.refresh()
+    def init_sanity_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        if self.trainer.state.fn == "fit":
+            return Tqdm(disable=True)
+        return self._eval_tqdm(self.validation_description, self.trainer.num_val_batches)
+
+    def init_test_tqdm(self) -> Tqdm:
+        return self._eval_tqdm(self.test_description, self.trainer.num_test_batches)
+
+    def _eval_tqdm(self, description: str, batches: Any) -> Tqdm:
+        # Opened with its first loader's total: no "Validation: 0/?" line before it.
+        first = batches[0] if isinstance(batches, list) and batches else batches
+        return Tqdm(
+            desc=f"{description} DataLoader 0",
+            total=convert_inf(first),
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            bar_format=self.BAR_FORMAT,
+        )
+
+    def init_train_tqdm(self) -> Tqdm:
+        if not self._counts_steps(self.trainer):
+            return super().init_train_tqdm()
+        # Opened with its total: no "Training: 0/?" line before it. A resumed run starts where
+        # it stopped; its rate counts only its own steps.
+        return Tqdm(
+            desc="step",
+            total=self.trainer.max_steps,
+            initial=self.trainer.global_step,
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+        )
 
     def on_train_epoch_start(self, trainer: Trainer, *args: Any) -> None:
         if not self._counts_steps(trainer):

@@ -181,7 +181,12 @@ def _headline_metrics(trainer: Trainer) -> list[str]:
         for cb in trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         if isinstance(cb, (EarlyStopping, ModelCheckpoint)) and cb.monitor
     ]
-    names = list(dict.fromkeys([*monitored, "frames", "val_loss", "train_loss", "loss"]))
+    scores = ["frames", "reward_mean", "val_accuracy", "val_loss", "train_loss", "loss"]
+    names = list(dict.fromkeys([*monitored, *scores]))
+    if "reward_mean" in trainer.callback_metrics:
+        # A GRPO loss is a surrogate whose value is ~0 by construction: reward and accuracy
+        # say how the run went.
+        names.remove("train_loss")
     shown = []
     for name in names:
         value = trainer.callback_metrics.get(name)

@@ -22,7 +22,10 @@ _SAID_BETTER = (
     "Restored all states from the checkpoint",
     "Loaded model weights from the checkpoint",  # "test: the model of <ckpt> (step <S>)"
     "`Trainer.fit` stopped:",  # RunReport: "fit stopped at step S ...: max_steps=S reached"
+    "Seed set to",  # the seed is in the run's config.yaml
+    "GPU available: False, used: False",  # a CPU run; "GPU available: True" is kept
     "TPU available:",
+    "Trainer already configured with model summary callbacks",  # the CLI's RunModelSummary
     "HPU available:",
     "\N{ELECTRIC LIGHT BULB} Tip:",  # an advertisement for a hosted logger
 )
@@ -47,7 +50,11 @@ def quiet_run_log() -> None:
     warnings about their own internals are ignored, and torchrl's INFO lines
     (storage initialised, spec checks) are raised to warnings only.
     """
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",  # "Seed set to 0"
+    ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropSaidBetter) for f in logger.filters):
             logger.addFilter(_DropSaidBetter())

@@ -5,8 +5,8 @@ directory (the console script as pyproject.toml installs it), then TRL trainers 
 ``datasets.load_from_disk`` of the export (``python -m rb_lightning.llm.trl_from_disk``);
 the main job's numeric columns come back into a replay buffer with ``from_hf_dataset``.
 
-The ``llm_sft`` run is 300 steps: its validation losses are the ones docs/cli.md
-quotes, so a change that moves them fails here until the doc moves too.
+The ``llm_sft`` run is 300 steps: its validation losses must show what docs/cli.md says holds
+on every CPU (the values themselves differ between CPUs).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from console_scripts import command
+from run_output import unexpected_lines
 
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -71,10 +72,21 @@ def test_llm_sft_run_exports_and_trains_sft_then_grpo(sft_run):
     exported = datasets.load_from_disk(str(cwd / "sft_data"))
     assert re.fullmatch(r"\d+[+-]\d+=", exported[0]["prompt"])
 
+    # docs/trl.md's command: TRL continues the Lightning run's model, so GRPO's rewards are not
+    # all 0 (a fresh model never answers right, and its GRPO steps show reward, loss and
+    # gradient 0); one line per trainer, no TRL or transformers noise.
     script = [sys.executable, "-m", "rb_lightning.llm.trl_from_disk", "sft_data"]
-    result = _run([*script, "--trainer", "sft", "grpo", "--max-steps", "2"], cwd)
-    for trainer in ("SFTTrainer", "GRPOTrainer"):
-        assert f"{trainer}: 2 steps on 4,096 rows of sft_data" in result.stdout
+    model = ["--model", "runs/llm_sft/version_0"]
+    result = _run([*script, *model, "--trainer", "sft", "grpo", "--max-steps", "4"], cwd)
+    assert unexpected_lines(result.stdout + result.stderr) == []
+    assert "SFTTrainer: 4 steps on 4,096 rows of sft_data, loss " in result.stdout
+    grpo = re.search(
+        r"GRPOTrainer: 4 steps on 4,096 rows of sft_data, mean reward of the first 2 steps "
+        r"([\d.]+), of the last 2 ([\d.]+)",
+        result.stdout,
+    )
+    assert grpo, result.stdout
+    assert max(map(float, grpo.groups())) > 0, result.stdout
 
 
 def test_main_job_exports_numeric_columns_that_load_back(tmp_path):
@@ -113,18 +125,16 @@ def _val_losses(metrics_csv: Path) -> dict[int, float]:
         }
 
 
-def test_docs_quote_the_losses_this_run_gives(sft_run):
-    # docs/cli.md: "validation loss 1.10 after 100 steps, 0.897 after 200, 0.461 after 300 ..."
+def test_llm_sft_losses_hold_what_the_docs_say_of_every_cpu(sft_run):
+    # docs/cli.md quotes the losses of three CPUs (they differ: float rounding differs between
+    # vector widths and kernels) and what holds on all of them, which this run must show.
     text = " ".join((REPO / "docs" / "cli.md").read_text().split())  # one line per paragraph
-    quoted = re.search(
-        r"validation loss ([\d.]+) after 100 steps, ([\d.]+) after 200 and ([\d.]+) after 300", text
+    claim = (
+        "about 1.10 after 100 steps (within 5%), lower at each validation, and at least 20% "
+        "lower after 300 than after 100"
     )
-    assert quoted, (
-        "docs/cli.md no longer quotes llm_sft's validation losses as this test reads them"
-    )
-    measured = _val_losses(sft_run / "metrics.csv")
-    for steps, doc in zip((100, 200, 300), quoted.groups(), strict=True):
-        assert doc == f"{measured[steps]:#.3g}", (
-            f"docs/cli.md says validation loss {doc} after {steps} steps of "
-            f"configs/llm_sft.yaml; the run gives {measured[steps]:#.3g}. Update the doc."
-        )
+    assert claim in text, "docs/cli.md no longer says what this test checks"
+    loss = _val_losses(sft_run / "metrics.csv")
+    assert abs(loss[100] - 1.10) <= 0.05 * 1.10, loss
+    assert loss[100] > loss[200] > loss[300], loss
+    assert loss[300] <= 0.8 * loss[100], loss
