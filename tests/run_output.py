@@ -17,11 +17,14 @@ ALLOWED = [
     r"fit stopped at step [\d,]+ after [\d.]+ s: .*",
     r"  \S.* \| .*|  (episode_return|val_loss|train_loss|loss|val_accuracy|reward_mean) \S+",
     r"  (checkpoint|metrics|curves|resume) +\S.*",
-    # Lightning's model summary (without FLOPs) and its metrics table (validate / test)
-    r"[┏┃┡│└](?!.*FLOPs).*",
-    r"(Trainable|Non-trainable|Total) params: .*",
-    r"Total estimated model params size \(MB\): .*",
-    r"Modules in (train|eval) mode: \d+",
+    # Lightning's model summary (without FLOPs)
+    r"  \| Name +\| Type +\|(?!.*FLOPs).*",
+    r"\d+ +\| \S.*",
+    r"-+",
+    r"[\d.]+( [KMB])? +((Trainable|Non-trainable|Total) params|Total estimated model params size \(MB\))",
+    r"\d+ +Modules in (train|eval) mode",
+    # Lightning's metrics table (validate / test)
+    r"[┏┃┡│└].*",
     # progress bars with a known total (one line per refresh once \r is read as a line break)
     r"(step|Validation DataLoader 0|Testing DataLoader 0|Epoch \d+): +\d+%.*",
     # real warnings: about the run's own settings
