@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class _InProcessBatches:
         return (iter, ((),))
 
 
+_SIZED_ITERABLE_WARNING = r"Your `IterableDataset` has `__len__` defined"
+
+
 class _BatchLoader(DataLoader):
     """The ``DataLoader`` :func:`batch_loader` returns.
 
@@ -63,6 +67,12 @@ class _BatchLoader(DataLoader):
     annotation, sampler and fetcher hops), a fifth of a small ``rb.sample``.
     With workers or pinning it is a plain ``DataLoader``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Lightning warns that a sized IterableDataset may duplicate items across workers;
+        # these datasets give each worker and rank its own stream, so it never applies here.
+        warnings.filterwarnings("ignore", message=_SIZED_ITERABLE_WARNING)
+        super().__init__(*args, **kwargs)
 
     # torch annotates DataLoader.__iter__ with its private _BaseDataLoaderIter, which no
     # subclass can return without re-implementing it; callers only use next().
