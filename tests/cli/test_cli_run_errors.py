@@ -115,3 +115,20 @@ def test_export_hf_unknown_key(tmp_path):
     assert "Traceback" not in result.stderr
     assert "--keys: prompt not in the buffer" in result.stderr
     assert "obs" in result.stderr and "next.reward" in result.stderr
+
+
+@pytest.mark.parametrize("content", ["README.md", "empty"])
+def test_export_hf_file_that_is_not_a_checkpoint(content, tmp_path):
+    """Text or an empty file: one line, exit 2 (torch's unpickler fails on each differently)."""
+    given = REPO / "README.md"
+    if content == "empty":
+        given = tmp_path / "empty.ckpt"
+        given.touch()
+    result = _export([str(given), str(tmp_path / "out")])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith(f"rb-lightning-export-hf: error: BUFFER '{given}':")
+    assert ("is empty (0 bytes)" if content == "empty" else "is not a file written by torch.save") in line
+    assert "runs/<config>/version_<N>" in line and "dump_buffer(rb, path)" in line
+    assert "weights_only" not in line
