@@ -127,6 +127,11 @@ class ReplayBufferCLI(LightningCLI):
             if os.environ.get(_DEBUG_ENV) or not is_argument_error(err):
                 raise
             raise parse_error(err) from err
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path is not None and Path(ckpt_path).is_file():
+            # Checked here: LightningCLI reads a --ckpt_path file's hyperparameters next.
+            _check_readable(read_run_checkpoint(ckpt_path))
 
     def instantiate_classes(self) -> None:
         try:
@@ -165,6 +170,7 @@ class ReplayBufferCLI(LightningCLI):
         else:
             found = None
         if found is not None:
+            _check_readable(found)
             if self.subcommand == "fit":
                 check_extends(found, trainer)
             in_own_run = root is not None and found.run_dir.parent.resolve() == root.resolve()
@@ -290,6 +296,17 @@ class ReplayBufferCLI(LightningCLI):
             typed = str(getattr(path, "relative", path))  # as the user typed it
             parts += ["--config", shipped_configs.name_of(typed) or typed]
         return " ".join([*parts[:2], *map(shlex.quote, parts[2:]), *extra])
+
+
+def _check_readable(found: RunCheckpoint) -> None:
+    """Refuse a ``--ckpt_path`` that is no checkpoint: Lightning would end in a traceback."""
+    if found.problem is not None:
+        raise ConfigError(
+            "ckpt_path",
+            f"{shown(found.path)} is not a Lightning checkpoint: {found.problem}. Pass "
+            "--ckpt_path a .ckpt written by fit (they are in "
+            "runs/<config>/version_<N>/checkpoints/), or --ckpt_path last for the latest run.",
+        )
 
 
 def _program() -> str:

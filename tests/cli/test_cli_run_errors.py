@@ -14,12 +14,14 @@ from unittest import mock
 import pytest
 import torch
 from cli_helpers import REPO
+from script_runs import run_train_py
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning.runs.cli import main
 
 LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
+MAIN_JOB = str(REPO / "configs" / "cartpole_dqn.yaml")
 
 
 def _run(args: list[str], tmp_path: Path, capsys) -> str:
@@ -83,6 +85,31 @@ def test_ray_config_without_a_cluster(tmp_path, capsys):
         ["fit", "--config", str(REPO / "configs" / "cartpole_dqn_ray.yaml")], tmp_path, capsys
     )
     assert "ConnectionError" in message and "ray start --head" in message
+
+
+@pytest.mark.parametrize(
+    ("subcommand", "given", "why"),
+    [
+        ("fit", "README.md", "it is not a zip archive"),
+        ("test", "empty.ckpt", "it is empty (0 bytes)"),
+        ("validate", "weights.pt", "it holds no model state_dict"),
+    ],
+)
+def test_ckpt_path_that_is_not_a_checkpoint(subcommand, given, why, tmp_path):
+    """Lightning would read it and end in the unpickler's traceback (and its weights_only advice)."""
+    (tmp_path / "README.md").write_text((REPO / "README.md").read_text())
+    (tmp_path / "empty.ckpt").touch()
+    torch.save({"weight": torch.ones(2)}, tmp_path / "weights.pt")
+    result = run_train_py(
+        [subcommand, "--config", MAIN_JOB, "--ckpt_path", given], cwd=tmp_path, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: config error at ckpt_path: {given} is not a Lightning checkpoint:")
+    assert why in line
+    assert "--ckpt_path a .ckpt written by fit" in line and "--ckpt_path last" in line
+    assert not (tmp_path / "runs").exists()
 
 
 def _export(args: list[str]) -> subprocess.CompletedProcess:
