@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from rb_lightning.stream.handles import resolve_buffer
 
 from .beside import RANK_PREFIX, resolve_reference
 from .dumps import load_dump
-from .files import unpack_directory
+from .files import unpacked_directory
 from .manifest import MANIFEST, Verify
 from .state import restore_mixture_state
 
@@ -166,9 +165,7 @@ def checkpoint_dumps(
                 dumps[name] = member[""]
             yield dumps
         elif location == "inline":
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rb_lightning-"))
-            unpack_directory(state["archive"], tmp)
-            yield {"": Path(tmp)}
+            yield {"": stack.enter_context(unpacked_directory(state["archive"], checkpoint_path))}
         elif location == "beside":
             root = resolve_reference(state, checkpoint_path)
             if "world_size" in state:

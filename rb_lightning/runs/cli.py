@@ -45,6 +45,7 @@ from rb_lightning.runs.run_dirs import (
     checkpoint_dirs,
     describe_run,
     has_logger,
+    remove_unstarted_run,
     resume_line,
     run_root,
     set_logger_args,
@@ -118,7 +119,19 @@ class ReplayBufferCLI(LightningCLI):
         # The command line as the user typed it (shipped config names unresolved), for the
         # resume hint; None where a dict or Namespace was given.
         self._argv: list[str] | None = kwargs.pop("typed_args", None)
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._remove_unstarted_run()
+            raise
+
+    def _remove_unstarted_run(self) -> None:
+        """After a ``fit`` that failed to start, remove the run directory it made for nothing."""
+        trainer = getattr(self, "trainer", None)  # set once the classes were built
+        if getattr(self, "subcommand", None) != "fit" or trainer is None:
+            return
+        if trainer.is_global_zero and trainer.log_dir is not None:
+            remove_unstarted_run(Path(trainer.log_dir))
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         try:

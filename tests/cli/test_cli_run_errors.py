@@ -6,6 +6,7 @@ Each row of docs/errors.md "Running, resuming, exporting" has a case here.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,41 @@ def test_ckpt_path_that_is_not_a_checkpoint(subcommand, given, why, tmp_path):
     assert why in line
     assert "--ckpt_path a .ckpt written by fit" in line and "--ckpt_path last" in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_and_leaves_no_run_behind(tmp_path):
+    """The error names the file given (not the temporary directory its buffer is unpacked in),
+    and the failed start leaves no run directory that ``--ckpt_path last`` would then pick."""
+    pytest.importorskip("gymnasium")
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    first = run_train_py(["fit", "--config", MAIN_JOB, "--trainer.max_steps=3", *quiet], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = tmp_path / "runs" / "cartpole_dqn"
+    other = tmp_path / "other.ckpt"  # a checkpoint from elsewhere, whose buffer is smaller
+    shutil.copy(runs / "version_0" / "checkpoints" / "last.ckpt", other)
+
+    smaller = [
+        "--data.replay_buffer.init_args.storage.init_args.max_size=500",
+        "--data.replay_buffer.init_args.sampler.init_args.max_capacity=500",
+    ]
+    failed = run_train_py(
+        ["fit", "--config", MAIN_JOB, *smaller, "--ckpt_path", "other.ckpt", *quiet], tmp_path
+    )
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "rb_lightning-" not in failed.stderr
+    line = failed.stderr.strip().splitlines()[-1]
+    assert "The replay buffer saved in other.ckpt was built differently" in line
+    assert "saved max_size=1000, given max_size=500" in line
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+
+    resumed = run_train_py(
+        ["fit", "--config", MAIN_JOB, "--ckpt_path", "last", "--trainer.max_steps=5", *quiet],
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"fit: extending the finished run {Path('runs/cartpole_dqn/version_0')} from step 3" in (
+        resumed.stdout
+    )
 
 
 def _export(args: list[str]) -> subprocess.CompletedProcess:
