@@ -274,17 +274,19 @@ class ReplayBufferCLI(LightningCLI):
         if self.subcommand != "fit":  # ...nor restore any callback's state: only the weights
             warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`")
         added: list[Any] = []
+        bar: list[Any] = []
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured
         ):
-            added.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
+            bar.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
         reports = [cb for cb in configured if isinstance(cb, RunReport)]
         if not reports:
             reports = [RunReport()]
             added += reports
         for report in reports:
             report.resume_hint = report.resume_hint or self._resume_command()
-        return super().instantiate_trainer(callbacks=[*configured, *added], **kwargs)
+        # The bar first: on Ctrl-C it ends its line before RunReport prints the summary.
+        return super().instantiate_trainer(callbacks=[*bar, *configured, *added], **kwargs)
 
     def _resume_command(self) -> str:
         """The command line of this run with ``--ckpt_path last``: its overrides carry over."""
