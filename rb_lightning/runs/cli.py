@@ -30,14 +30,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from tensordict.utils import NestedKey
 
 from rb_lightning.columns import normalize_key
-from rb_lightning.errors import ConfigError, RBLightningError, SourceError, UsageError
-from rb_lightning.runs import shipped_configs
-from rb_lightning.runs.config_errors import (
-    instantiation_error,
-    is_argument_error,
-    one_paragraph,
-    parse_error,
-)
+from rb_lightning.errors import ConfigError, RBLightningError, UsageError
+from rb_lightning.runs import preflight, shipped_configs
+from rb_lightning.runs.config_errors import instantiation_error, is_argument_error, parse_error
 from rb_lightning.runs.progress import StepProgressBar
 from rb_lightning.runs.report import RunReport
 from rb_lightning.runs.run_dirs import (
@@ -64,11 +59,9 @@ from rb_lightning.runs.startup import (
     hand_ctrl_c_to_the_trainer,
     stop_at_once_on_ctrl_c,
 )
+from rb_lightning.runs.user_errors import CONFIG_ERROR_EXIT_CODE, DEBUG_ENV, exit_with, program
 
-#: Exit code of a run stopped by a config error (argparse's code for usage errors).
-CONFIG_ERROR_EXIT_CODE = 2
-_DEBUG_ENV = "RB_LIGHTNING_DEBUG"
-_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_SUBCOMMANDS = preflight.SUBCOMMANDS
 _DESCRIPTION = (
     "Train, validate or test a run described by a LightningCLI config. A shipped config runs "
     "by name (--config cartpole_dqn); `rb-lightning configs` lists them and copies one out."
@@ -137,7 +130,7 @@ class ReplayBufferCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except Exception as err:
-            if os.environ.get(_DEBUG_ENV) or not is_argument_error(err):
+            if os.environ.get(DEBUG_ENV) or not is_argument_error(err):
                 raise
             raise parse_error(err) from err
         subcommand = self.config.get("subcommand")
@@ -150,7 +143,7 @@ class ReplayBufferCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except Exception as err:
-            if os.environ.get(_DEBUG_ENV):
+            if os.environ.get(DEBUG_ENV):
                 raise
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             raise instantiation_error(err, config) from err
@@ -302,11 +295,11 @@ class ReplayBufferCLI(LightningCLI):
                 skip = True
             elif not arg.startswith("--ckpt_path="):
                 kept.append(arg)
-        return " ".join([_program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
+        return " ".join([program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
-        parts = [_program(), subcommand]
+        parts = [program(), subcommand]
         for path in configs or []:
             typed = str(getattr(path, "relative", path))  # as the user typed it
             parts += ["--config", shipped_configs.name_of(typed) or typed]
@@ -322,11 +315,6 @@ def _check_readable(found: RunCheckpoint) -> None:
             "--ckpt_path a .ckpt written by fit (they are in "
             "runs/<config>/version_<N>/checkpoints/), or --ckpt_path last for the latest run.",
         )
-
-
-def _program() -> str:
-    """How the user started this process: the console script or ``python train.py``."""
-    return "rb-lightning" if Path(sys.argv[0]).name == "rb-lightning" else "python train.py"
 
 
 class RunParser(LightningArgumentParser):
@@ -376,6 +364,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     stop_at_once_on_ctrl_c()
     try:
         typed = list(sys.argv[1:] if args is None else args)
+        preflight.check(typed)  # what is known without building anything
         # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
         # itself when that is what is parsed (DDP starts the other ranks with sys.argv).
         if args is None:
@@ -395,15 +384,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             typed_args=typed,
         )
     except RBLightningError as err:  # every error a user can cause: one paragraph, exit 2
-        if os.environ.get(_DEBUG_ENV):
-            raise
-        message = one_paragraph(str(err))
-        if isinstance(err, SourceError):
-            message = f"config error at data.init_args.{err.argument}: {message}"
-        elif err.argument is not None and not isinstance(err, ConfigError):
-            message = f"{message} (argument: {err.argument})"
-        print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+        exit_with(err)
     except SystemExit as stop:
         # Lightning ends an interrupted fit with sys.exit(1) inside its KeyboardInterrupt
         # handler; the shell's convention for Ctrl-C is 128 + SIGINT.
