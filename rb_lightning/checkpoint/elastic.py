@@ -38,7 +38,6 @@ import contextlib
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +53,7 @@ from rb_lightning.errors import BufferCheckpointError, UsageError
 
 from .beside import RANK_PREFIX, resolve_reference
 from .build import buffer_build, compare_builds
-from .files import unpack_directory
+from .files import unpacked_directory
 from .kinds import kind_named
 from .manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
 from .mismatch import unloadable
@@ -256,9 +255,8 @@ def _saved_dumps(
     """The dump directories of ``state``, in saved-rank order (an inline one unpacked meanwhile)."""
     location = state.get("location")
     if location == "inline":
-        with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
-            unpack_directory(state["archive"], tmp)
-            yield [Path(tmp)]
+        with unpacked_directory(state["archive"], checkpoint_path) as root:
+            yield [root]
         return
     if location != "beside":
         raise BufferCheckpointError(

@@ -22,18 +22,20 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
 import tarfile
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rb_lightning.errors import NotEnoughDiskSpaceError
+from rb_lightning.errors import NotEnoughDiskSpaceError, RBLightningError
 
 __all__ = [
     "check_disk_space",
@@ -43,6 +45,7 @@ __all__ = [
     "remove_stale_versions",
     "sync_path",
     "unpack_directory",
+    "unpacked_directory",
     "write_version",
 ]
 
@@ -107,6 +110,27 @@ def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
     """Extract an archive made by :func:`pack_directory` into ``path``."""
     with tarfile.open(fileobj=io.BytesIO(archive.numpy().tobytes()), mode="r") as tar:
         tar.extractall(path, filter="data")
+
+
+@contextlib.contextmanager
+def unpacked_directory(
+    archive: torch.Tensor, checkpoint_path: str | os.PathLike | None
+) -> Iterator[Path]:
+    """An archive of :func:`pack_directory`, unpacked in a temporary directory removed on exit.
+
+    The temporary directory means nothing to a user: an rb_lightning error raised
+    inside names ``checkpoint_path``, the file the archive came from, instead.
+    """
+    with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
+        unpack_directory(archive, tmp)
+        try:
+            yield Path(tmp)
+        except RBLightningError as error:
+            where = str(checkpoint_path) if checkpoint_path is not None else "the checkpoint"
+            error.args = tuple(
+                arg.replace(tmp, where) if isinstance(arg, str) else arg for arg in error.args
+            )
+            raise
 
 
 # -- atomic versions ---------------------------------------------------------------------------

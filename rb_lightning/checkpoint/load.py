@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from rb_lightning.stream.handles import resolve_buffer
 
 from .beside import RANK_PREFIX, resolve_reference
 from .dumps import load_dump
-from .files import unpack_directory
+from .files import unpacked_directory
 from .manifest import MANIFEST, Verify
 from .state import restore_mixture_state
 
@@ -76,13 +76,19 @@ def read_torch_file(path: str | os.PathLike, *, allow_pickle: bool = False) -> A
     unpickling anything. A file that holds other objects (``torch.save(rb, path)``
     of a whole buffer object) is refused with a :class:`BufferCheckpointError`
     naming them, unless ``allow_pickle=True``: unpickling can run any code, so
-    only for files you trust.
+    only for files you trust. Any file ``torch.save`` did not write (text, an empty
+    file) is a :class:`BufferCheckpointError` saying so.
     """
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise BufferCheckpointError(f"{path} is empty (0 bytes). {_NOT_TORCH_FIX}")
     try:
         return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
     except pickle.UnpicklingError:
         if allow_pickle:
             raise
+        # Only torch.save's zip archives list their globals; any other file was never one.
+        if not zipfile.is_zipfile(path):
+            raise BufferCheckpointError(_not_torch_file(path)) from None
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         if any(name.endswith("replay_buffers.ReplayBuffer") for name in found):
             what = "a whole ReplayBuffer object pickled by torch.save(rb, path)"
@@ -96,11 +102,21 @@ def read_torch_file(path: str | os.PathLike, *, allow_pickle: bool = False) -> A
             "(rb-lightning-export-hf --allow-pickle); to share a buffer, save it with "
             "rb_lightning.checkpoint.dump_buffer(rb, path) instead (tensors and JSON only)."
         ) from None
-    except (RuntimeError, EOFError, ValueError) as error:
-        raise BufferCheckpointError(
-            f"{path} is not a file written by torch.save or a Lightning checkpoint "
-            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})."
-        ) from None
+    except Exception:
+        # On a file torch.save did not write, the unpickler fails with whatever the bytes
+        # lead it to (EOFError, KeyError, IndexError, RuntimeError...): none says more.
+        raise BufferCheckpointError(_not_torch_file(path)) from None
+
+
+_NOT_TORCH_FIX = (
+    "Pass a Lightning checkpoint of a run (runs/<config>/version_<N>/checkpoints/last.ckpt, or "
+    "the run directory), a directory written by dump_buffer(rb, path) or rb.dumps(path), or a "
+    "file written by torch.save(rb, path)."
+)
+
+
+def _not_torch_file(path: str | os.PathLike) -> str:
+    return f"{path} is not a file written by torch.save, so not a checkpoint. {_NOT_TORCH_FIX}"
 
 
 def checkpoint_buffer_state(checkpoint: Any) -> dict[str, Any] | None:
@@ -149,9 +165,7 @@ def checkpoint_dumps(
                 dumps[name] = member[""]
             yield dumps
         elif location == "inline":
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rb_lightning-"))
-            unpack_directory(state["archive"], tmp)
-            yield {"": Path(tmp)}
+            yield {"": stack.enter_context(unpacked_directory(state["archive"], checkpoint_path))}
         elif location == "beside":
             root = resolve_reference(state, checkpoint_path)
             if "world_size" in state:

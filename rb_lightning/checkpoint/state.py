@@ -57,7 +57,7 @@ from .beside import (
 from .components import ensure_generator
 from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
 from .elastic import RESUME_OPTIONS, needs_redistribution, restore_share
-from .files import check_disk_space, pack_directory, sync_path, unpack_directory
+from .files import check_disk_space, pack_directory, sync_path, unpacked_directory
 from .manifest import Verify, read_manifest
 
 if TYPE_CHECKING:
@@ -281,9 +281,8 @@ def _dump_directory(
         yield None
         return
     if location == "inline":
-        with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
-            unpack_directory(state["archive"], tmp)
-            yield Path(tmp)
+        with unpacked_directory(state["archive"], checkpoint_path) as root:
+            yield root
         return
     if location == "beside":
         root = resolve_reference(state, checkpoint_path)

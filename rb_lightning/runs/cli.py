@@ -30,12 +30,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from tensordict.utils import NestedKey
 
 from rb_lightning.columns import normalize_key
-from rb_lightning.errors import ConfigError, RBLightningError, SourceError, UsageError
-from rb_lightning.runs import shipped_configs
+from rb_lightning.errors import ConfigError, RBLightningError, UsageError
+from rb_lightning.runs import preflight, shipped_configs
 from rb_lightning.runs.config_errors import (
     instantiation_error,
     is_argument_error,
-    one_paragraph,
     parse_error,
 )
 from rb_lightning.runs.model_summary import RunModelSummary
@@ -46,6 +45,7 @@ from rb_lightning.runs.run_dirs import (
     checkpoint_dirs,
     describe_run,
     has_logger,
+    remove_unstarted_run,
     resume_line,
     run_root,
     set_logger_args,
@@ -64,11 +64,9 @@ from rb_lightning.runs.startup import (
     hand_ctrl_c_to_the_trainer,
     stop_at_once_on_ctrl_c,
 )
+from rb_lightning.runs.user_errors import CONFIG_ERROR_EXIT_CODE, DEBUG_ENV, exit_with, program
 
-#: Exit code of a run stopped by a config error (argparse's code for usage errors).
-CONFIG_ERROR_EXIT_CODE = 2
-_DEBUG_ENV = "RB_LIGHTNING_DEBUG"
-_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_SUBCOMMANDS = preflight.SUBCOMMANDS
 _DESCRIPTION = (
     "Train, validate or test a run described by a LightningCLI config. A shipped config runs "
     "by name (--config cartpole_dqn); `rb-lightning configs` lists them and copies one out."
@@ -119,21 +117,38 @@ class ReplayBufferCLI(LightningCLI):
         # The command line as the user typed it (shipped config names unresolved), for the
         # resume hint; None where a dict or Namespace was given.
         self._argv: list[str] | None = kwargs.pop("typed_args", None)
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._remove_unstarted_run()
+            raise
+
+    def _remove_unstarted_run(self) -> None:
+        """After a ``fit`` that failed to start, remove the run directory it made for nothing."""
+        trainer = getattr(self, "trainer", None)  # set once the classes were built
+        if getattr(self, "subcommand", None) != "fit" or trainer is None:
+            return
+        if trainer.is_global_zero and trainer.log_dir is not None:
+            remove_unstarted_run(Path(trainer.log_dir))
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         try:
             super().parse_arguments(parser, args)
         except Exception as err:
-            if os.environ.get(_DEBUG_ENV) or not is_argument_error(err):
+            if os.environ.get(DEBUG_ENV) or not is_argument_error(err):
                 raise
             raise parse_error(err) from err
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path is not None and Path(ckpt_path).is_file():
+            # Checked here: LightningCLI reads a --ckpt_path file's hyperparameters next.
+            _check_readable(read_run_checkpoint(ckpt_path))
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
         except Exception as err:
-            if os.environ.get(_DEBUG_ENV):
+            if os.environ.get(DEBUG_ENV):
                 raise
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             raise instantiation_error(err, config) from err
@@ -166,6 +181,7 @@ class ReplayBufferCLI(LightningCLI):
         else:
             found = None
         if found is not None:
+            _check_readable(found)
             if self.subcommand == "fit":
                 check_extends(found, trainer)
             in_own_run = root is not None and found.run_dir.parent.resolve() == root.resolve()
@@ -257,10 +273,11 @@ class ReplayBufferCLI(LightningCLI):
         if self.subcommand != "fit":  # ...nor restore any callback's state: only the weights
             warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`")
         added: list[Any] = []
+        bar: list[Any] = []
         if config["trainer"].get("enable_progress_bar") is not False and not any(
             isinstance(cb, ProgressBar) for cb in configured
         ):
-            added.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
+            bar.append(StepProgressBar(refresh_rate=10))  # thousands of short steps
         if config["trainer"].get("enable_model_summary") is not False and not any(
             isinstance(cb, ModelSummary) for cb in configured
         ):
@@ -271,7 +288,8 @@ class ReplayBufferCLI(LightningCLI):
             added += reports
         for report in reports:
             report.resume_hint = report.resume_hint or self._resume_command()
-        return super().instantiate_trainer(callbacks=[*configured, *added], **kwargs)
+        # The bar first: on Ctrl-C it ends its line before RunReport prints the summary.
+        return super().instantiate_trainer(callbacks=[*bar, *configured, *added], **kwargs)
 
     def _resume_command(self) -> str:
         """The command line of this run with ``--ckpt_path last``: its overrides carry over."""
@@ -287,20 +305,26 @@ class ReplayBufferCLI(LightningCLI):
                 skip = True
             elif not arg.startswith("--ckpt_path="):
                 kept.append(arg)
-        return " ".join([_program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
+        return " ".join([program(), "fit", *map(shlex.quote, kept), "--ckpt_path", "last"])
 
     def _command(self, subcommand: str, *extra: str) -> str:
         configs = self.config[self.subcommand].get("config") if self.subcommand else None
-        parts = [_program(), subcommand]
+        parts = [program(), subcommand]
         for path in configs or []:
             typed = str(getattr(path, "relative", path))  # as the user typed it
             parts += ["--config", shipped_configs.name_of(typed) or typed]
         return " ".join([*parts[:2], *map(shlex.quote, parts[2:]), *extra])
 
 
-def _program() -> str:
-    """How the user started this process: the console script or ``python train.py``."""
-    return "rb-lightning" if Path(sys.argv[0]).name == "rb-lightning" else "python train.py"
+def _check_readable(found: RunCheckpoint) -> None:
+    """Refuse a ``--ckpt_path`` that is no checkpoint: Lightning would end in a traceback."""
+    if found.problem is not None:
+        raise ConfigError(
+            "ckpt_path",
+            f"{shown(found.path)} is not a Lightning checkpoint: {found.problem}. Pass "
+            "--ckpt_path a .ckpt written by fit (they are in "
+            "runs/<config>/version_<N>/checkpoints/), or --ckpt_path last for the latest run.",
+        )
 
 
 class RunParser(LightningArgumentParser):
@@ -350,6 +374,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     stop_at_once_on_ctrl_c()
     try:
         typed = list(sys.argv[1:] if args is None else args)
+        preflight.check(typed)  # what is known without building anything
         # A shipped config's name (--config cartpole_dqn) becomes its file's path; in sys.argv
         # itself when that is what is parsed (DDP starts the other ranks with sys.argv).
         if args is None:
@@ -369,15 +394,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
             typed_args=typed,
         )
     except RBLightningError as err:  # every error a user can cause: one paragraph, exit 2
-        if os.environ.get(_DEBUG_ENV):
-            raise
-        message = one_paragraph(str(err))
-        if isinstance(err, SourceError):
-            message = f"config error at data.init_args.{err.argument}: {message}"
-        elif err.argument is not None and not isinstance(err, ConfigError):
-            message = f"{message} (argument: {err.argument})"
-        print(f"error: {message} (set {_DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+        exit_with(err)
     except SystemExit as stop:
         # Lightning ends an interrupted fit with sys.exit(1) inside its KeyboardInterrupt
         # handler; the shell's convention for Ctrl-C is 128 + SIGINT.

@@ -18,9 +18,11 @@ from typing import Any
 from lightning.pytorch import Trainer
 
 from rb_lightning.errors import ConfigError, UsageError
+from rb_lightning.runs.preflight import SECTIONS
+from rb_lightning.runs.user_errors import one_paragraph
 
 # -- parse errors -------------------------------------------------------------------------------
-_TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler")
+_TOP_LEVEL_KEYS = SECTIONS
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted|does not accept option '([^']+)'")
@@ -43,10 +45,6 @@ def _causes(err: BaseException | None) -> Iterator[BaseException]:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0].strip() if text else type(err).__name__
-
-
-def one_paragraph(text: str) -> str:
-    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
 def parse_error(err: BaseException) -> ConfigError:

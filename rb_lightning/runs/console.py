@@ -1,15 +1,79 @@
-"""The ``rb-lightning`` console script, with its start-up guarded (:mod:`rb_lightning.runs.startup`)."""
+"""The start of ``rb-lightning`` and ``python train.py``: what is answered before torch is imported.
+
+Importing torch, Lightning and torchrl takes seconds; ``--help``, ``configs`` and
+the mistakes :mod:`rb_lightning.runs.preflight` finds need none of them, so they are
+answered first (:func:`answer_early`), with Ctrl-C guarded
+(:mod:`rb_lightning.runs.startup`). Everything else goes to the CLI
+(:mod:`rb_lightning.runs.cli`).
+"""
 
 from __future__ import annotations
 
-from rb_lightning.runs.startup import stop_at_once_on_ctrl_c
+import sys
 
-__all__ = ["main"]
+from rb_lightning.errors import RBLightningError, UsageError
+from rb_lightning.runs import preflight, shipped_configs
+from rb_lightning.runs.startup import stop_at_once_on_ctrl_c
+from rb_lightning.runs.user_errors import exit_with, program
+
+__all__ = ["answer_early", "main", "overview"]
+
+
+def overview(prog: str) -> str:
+    """What ``PROG --help`` prints: the subcommands, ``configs`` among them.
+
+    Examples:
+        >>> print(overview("rb-lightning").splitlines()[0])
+        usage: rb-lightning {fit,validate,test,predict,configs} [--config NAME|FILE] ...
+    """
+    return f"""\
+usage: {prog} {{fit,validate,test,predict,configs}} [--config NAME|FILE] ...
+
+Train, validate or test a run described by a LightningCLI config. A shipped config runs by
+name (--config cartpole_dqn_async); `{shipped_configs.LIST_COMMAND}` lists them.
+
+subcommands:
+  fit        train: {prog} fit --config NAME|FILE [--ckpt_path last] [--KEY VALUE ...]
+  validate   score a checkpoint on the validation data: ... --ckpt_path last|FILE
+  test       score a checkpoint on the test data: ... --ckpt_path last|FILE
+  predict    run a checkpoint's model on the predict data
+  configs    list the shipped configs and what each trains; --copy NAME [DEST] copies one out
+
+`{prog} SUBCOMMAND --help` lists the subcommand's options (every config key); `--print_config`
+after a subcommand prints its whole config. Docs: docs/cli.md.
+"""
+
+
+def answer_early(args: list[str]) -> None:
+    """Answer ``args`` (``sys.argv[1:]``) and exit, where no torch is needed; else return.
+
+    ``--help`` prints :func:`overview`, ``configs ...`` lists or copies the shipped
+    configs, and a mistake :func:`preflight.check` finds (or no subcommand at all)
+    is one paragraph and exit code 2.
+    """
+    if args[:1] in (["-h"], ["--help"]):
+        print(overview(program()), end="")
+        raise SystemExit(0)
+    if args[:1] == ["configs"]:
+        shipped_configs.main(args[1:])
+        raise SystemExit(0)
+    try:
+        if not args:
+            raise UsageError(
+                "subcommand",
+                f"say what to do: {program()} fit --config NAME|FILE trains "
+                f"(`{program()} --help` lists the subcommands, `{shipped_configs.LIST_COMMAND}` "
+                "the shipped configs).",
+            )
+        preflight.check(args)
+    except RBLightningError as err:
+        exit_with(err)
 
 
 def main() -> None:
     """``rb-lightning``: Ctrl-C during the imports ends in one line, then the CLI runs."""
     stop_at_once_on_ctrl_c()
-    from rb_lightning.runs.cli import console_main  # torch, Lightning, torchrl: seconds
+    answer_early(sys.argv[1:])
+    from rb_lightning.runs.cli import main as cli_main  # torch, Lightning, torchrl: seconds
 
-    console_main()
+    cli_main()

@@ -111,6 +111,17 @@ class StepProgressBar(TQDMProgressBar):
         if not self._counts_steps(trainer):
             super().on_train_epoch_end(trainer, pl_module)
 
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        # Lightning leaves the bar's line open on Ctrl-C; what is printed next (RunReport's
+        # summary) would be glued to it.
+        try:
+            bar = self.train_progress_bar
+        except TypeError:  # no training bar yet
+            return
+        bar.close()
+
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)  # the run directory says it; the summary prints it

@@ -56,6 +56,28 @@ def checkpoint_dirs(trainer: Namespace) -> list[Path]:
     return dirs
 
 
+#: What a fit writes into its new run directory before its first step.
+_WRITTEN_AT_START = {"config.yaml", "hparams.yaml"}
+
+
+def remove_unstarted_run(run_dir: Path) -> bool:
+    """Remove ``run_dir`` if it holds only what a fit writes before its first step.
+
+    A fit that fails to start (a checkpoint that does not fit the config) would leave
+    ``version_<N>/config.yaml`` alone, and ``--ckpt_path last`` would then pick that
+    run, which has nothing to resume, over the earlier one that has.
+    """
+    if not run_dir.is_dir():
+        return False
+    entries = list(run_dir.iterdir())
+    if not all(entry.is_file() and entry.name in _WRITTEN_AT_START for entry in entries):
+        return False
+    for entry in entries:
+        entry.unlink()
+    run_dir.rmdir()
+    return True
+
+
 def set_logger_args(trainer: Namespace, *, version: str, purge_step: int | None) -> None:
     for entry in _logger_entries(trainer):
         if entry.get("init_args") is None:
@@ -123,6 +145,7 @@ __all__ = [
     "checkpoint_dirs",
     "describe_run",
     "has_logger",
+    "remove_unstarted_run",
     "resume_line",
     "run_root",
     "set_logger_args",

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -328,11 +329,14 @@ class RunCheckpoint:
         finished: Why the run had ended when it was written (``"max_steps"``,
             ``"stopped"``), or ``None`` for a run that can go on (written on
             schedule, on Ctrl-C, or before a kill).
+        problem: Why the file is not a Lightning checkpoint, in words (``None``
+            when it is one).
     """
 
     path: Path
     step: int | None
     finished: str | None
+    problem: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -348,16 +352,40 @@ def read_run_checkpoint(path: str | os.PathLike) -> RunCheckpoint:
         True
     """
     path = Path(path)
+    problem = _not_a_checkpoint(path)
+    if problem is not None:
+        return RunCheckpoint(path, None, None, problem)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # unreadable, torn, or holding pickled objects: the caller says so
-        return RunCheckpoint(path, None, None)
+    except Exception:  # torn, or holding pickled objects: the caller says so
+        return RunCheckpoint(path, None, None, _UNREADABLE)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        return RunCheckpoint(path, None, None, _NOT_LIGHTNING)
     finished = None
     for state in (checkpoint.get("callbacks") or {}).values():
         if isinstance(state, dict) and state.get(RUN_FINISHED_KEY):
             finished = str(state[RUN_FINISHED_KEY])
     step = checkpoint.get("global_step")
     return RunCheckpoint(path, int(step) if step is not None else None, finished)
+
+
+_UNREADABLE = "it is torn, or holds pickled Python objects, which a Lightning checkpoint never does"
+_NOT_LIGHTNING = "torch.save wrote it, but not Lightning: it holds no model state_dict"
+
+
+def _not_a_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be a checkpoint, told from the file alone; ``None`` if it may be one.
+
+    Every checkpoint ``torch.save`` writes is a zip archive; the unpickler would fail on
+    anything else with an error that names neither the file nor the fix.
+    """
+    if not path.is_file():
+        return "no such file"
+    if path.stat().st_size == 0:
+        return "it is empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return "it is not a zip archive, as every checkpoint Lightning writes is"
+    return None
 
 
 def run_directories(run_root: str | os.PathLike | None) -> list[Path]:

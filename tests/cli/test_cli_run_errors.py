@@ -6,6 +6,7 @@ Each row of docs/errors.md "Running, resuming, exporting" has a case here.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,14 @@ from unittest import mock
 import pytest
 import torch
 from cli_helpers import REPO
+from script_runs import run_train_py
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning.runs.cli import main
 
 LLM_SFT = str(REPO / "configs" / "llm_sft.yaml")
+MAIN_JOB = str(REPO / "configs" / "cartpole_dqn.yaml")
 
 
 def _run(args: list[str], tmp_path: Path, capsys) -> str:
@@ -85,6 +88,66 @@ def test_ray_config_without_a_cluster(tmp_path, capsys):
     assert "ConnectionError" in message and "ray start --head" in message
 
 
+@pytest.mark.parametrize(
+    ("subcommand", "given", "why"),
+    [
+        ("fit", "README.md", "it is not a zip archive"),
+        ("test", "empty.ckpt", "it is empty (0 bytes)"),
+        ("validate", "weights.pt", "it holds no model state_dict"),
+    ],
+)
+def test_ckpt_path_that_is_not_a_checkpoint(subcommand, given, why, tmp_path):
+    """Lightning would read it and end in the unpickler's traceback (and its weights_only advice)."""
+    (tmp_path / "README.md").write_text((REPO / "README.md").read_text())
+    (tmp_path / "empty.ckpt").touch()
+    torch.save({"weight": torch.ones(2)}, tmp_path / "weights.pt")
+    result = run_train_py(
+        [subcommand, "--config", MAIN_JOB, "--ckpt_path", given], cwd=tmp_path, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: config error at ckpt_path: {given} is not a Lightning checkpoint:")
+    assert why in line
+    assert "--ckpt_path a .ckpt written by fit" in line and "--ckpt_path last" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_and_leaves_no_run_behind(tmp_path):
+    """The error names the file given (not the temporary directory its buffer is unpacked in),
+    and the failed start leaves no run directory that ``--ckpt_path last`` would then pick."""
+    pytest.importorskip("gymnasium")
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    first = run_train_py(["fit", "--config", MAIN_JOB, "--trainer.max_steps=3", *quiet], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = tmp_path / "runs" / "cartpole_dqn"
+    other = tmp_path / "other.ckpt"  # a checkpoint from elsewhere, whose buffer is smaller
+    shutil.copy(runs / "version_0" / "checkpoints" / "last.ckpt", other)
+
+    smaller = [
+        "--data.replay_buffer.init_args.storage.init_args.max_size=500",
+        "--data.replay_buffer.init_args.sampler.init_args.max_capacity=500",
+    ]
+    failed = run_train_py(
+        ["fit", "--config", MAIN_JOB, *smaller, "--ckpt_path", "other.ckpt", *quiet], tmp_path
+    )
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "rb_lightning-" not in failed.stderr
+    line = failed.stderr.strip().splitlines()[-1]
+    assert "The replay buffer saved in other.ckpt was built differently" in line
+    assert "saved max_size=1000, given max_size=500" in line
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+
+    resumed = run_train_py(
+        ["fit", "--config", MAIN_JOB, "--ckpt_path", "last", "--trainer.max_steps=5", *quiet],
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"fit: extending the finished run {Path('runs/cartpole_dqn/version_0')} from step 3" in (
+        resumed.stdout
+    )
+
+
 def _export(args: list[str]) -> subprocess.CompletedProcess:
     # The console script runs rb_lightning.hf.cli:main, as `python -m rb_lightning.hf.cli` does.
     return subprocess.run(
@@ -115,3 +178,20 @@ def test_export_hf_unknown_key(tmp_path):
     assert "Traceback" not in result.stderr
     assert "--keys: prompt not in the buffer" in result.stderr
     assert "obs" in result.stderr and "next.reward" in result.stderr
+
+
+@pytest.mark.parametrize("content", ["README.md", "empty"])
+def test_export_hf_file_that_is_not_a_checkpoint(content, tmp_path):
+    """Text or an empty file: one line, exit 2 (torch's unpickler fails on each differently)."""
+    given = REPO / "README.md"
+    if content == "empty":
+        given = tmp_path / "empty.ckpt"
+        given.touch()
+    result = _export([str(given), str(tmp_path / "out")])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith(f"rb-lightning-export-hf: error: BUFFER '{given}':")
+    assert ("is empty (0 bytes)" if content == "empty" else "is not a file written by torch.save") in line
+    assert "runs/<config>/version_<N>" in line and "dump_buffer(rb, path)" in line
+    assert "weights_only" not in line

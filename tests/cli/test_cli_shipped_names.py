@@ -8,6 +8,7 @@ development install runs this checkout's package.)
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from rb_lightning.runs.cli import main
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "rb-lightning"
 SHIPPED = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+README = (REPO / "README.md").read_text()
 
 
 def _rb_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -64,6 +66,8 @@ def test_an_unknown_name_lists_the_shipped_ones_in_one_paragraph(tmp_path):
     assert "Did you mean 'cartpole_dqn'?" in paragraph
     assert f"Shipped configs: {', '.join(SHIPPED)} (`rb-lightning configs`" in paragraph
     assert "(argument: --config)" in paragraph
+    # docs/cli.md quotes this paragraph: it must be what the command says today.
+    assert f"\n{paragraph}\n" in (REPO / "docs" / "cli.md").read_text()
 
 
 def test_configs_lists_every_shipped_config_with_what_it_trains(tmp_path):
@@ -76,6 +80,14 @@ def test_configs_lists_every_shipped_config_with_what_it_trains(tmp_path):
     for name, summary in listed.items():
         header = (REPO / "configs" / f"{name}.yaml").read_text().splitlines()[0]
         assert header == f"# {summary}"
+        assert summary.endswith("."), f"{name}: a summary is a whole sentence, not cut: {summary!r}"
+    # The main job is the README's first command's config; the synchronous one says it is not.
+    quickstart = re.search(r"python train.py fit --config configs/(\w+)\.yaml", README).group(1)
+    assert listed[quickstart].startswith("The main job")
+    assert [name for name, summary in listed.items() if "main job" in summary] == [
+        "cartpole_dqn", quickstart
+    ]  # fmt: skip
+    assert listed["cartpole_dqn"].startswith("The synchronous main job")
     assert f"Folder: {REPO / 'configs'}" in lines[-1]
 
 

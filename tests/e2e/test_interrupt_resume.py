@@ -41,13 +41,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
-def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+def _start(args: list[str], cwd: Path, log: Path, errors: Path | None = None) -> subprocess.Popen:
+    """``train.py ARGS`` in the background, stdout to ``log``, stderr too unless ``errors``."""
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=cwd,
         env=_env(),
         stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.STDOUT if errors is None else errors.open("w"),
         # A background job of a non-interactive shell inherits SIGINT ignored: give the
         # run Python's default Ctrl-C handling, as in a terminal.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -188,6 +189,25 @@ def test_ctrl_c_writes_a_checkpoint_of_its_step_and_the_printed_command_resumes_
     assert f"fit stopped at step {step + 150:,}" in out
     assert not (tmp_path / "runs" / "cartpole_dqn" / "version_1").exists()
     _assert_one_history(_rows(run_dir / "metrics.csv"))
+
+
+@pytest.mark.slow
+def test_after_ctrl_c_the_summary_starts_on_its_own_line_below_the_progress_bar(tmp_path):
+    pytest.importorskip("gymnasium")
+    run_dir = tmp_path / "runs" / "cartpole_dqn" / "version_0"
+    # stdout redirected alone (stderr, where the Ctrl-C notice goes, is the terminal's).
+    log = tmp_path / "out.log"
+    args = ["fit", "--config", MAIN_JOB, "--trainer.enable_model_summary=false"]
+    run = _start(args, tmp_path, log, errors=tmp_path / "err.log")
+    _wait_for(lambda: (run_dir / "metrics.csv").is_file(), run)
+    run.send_signal(signal.SIGINT)
+    out = _wait(run, log)
+    assert run.returncode == 130, out[-3000:]
+    lines = out.split("\n")  # str.splitlines would also split at the bar's "\r"
+    summary = [i for i, line in enumerate(lines) if "fit stopped at step" in line]
+    assert len(summary) == 1, out[-3000:]
+    assert lines[summary[0]].startswith("fit stopped at step"), lines[summary[0]][-300:]
+    assert "step:" in lines[summary[0] - 1]  # the bar, on the line above
 
 
 @pytest.mark.slow
