@@ -9,6 +9,7 @@ answered first (:func:`answer_early`), with Ctrl-C guarded
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rb_lightning.errors import RBLightningError, UsageError
@@ -55,7 +56,11 @@ def answer_early(args: list[str]) -> None:
         print(overview(program()), end="")
         raise SystemExit(0)
     if args[:1] == ["configs"]:
-        shipped_configs.main(args[1:])
+        try:
+            shipped_configs.main(args[1:])
+            sys.stdout.flush()
+        except BrokenPipeError:  # `rb-lightning configs | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0)
     try:
         if not args:

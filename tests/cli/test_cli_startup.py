@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import REPO
-from console_scripts import entry_point
+from console_scripts import command, entry_point
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 
@@ -136,3 +136,23 @@ def test_the_keys_known_without_lightning_are_lightning_clis(subcommand):
     parameters = inspect.signature(getattr(Trainer, subcommand)).parameters
     assert set(preflight.SUBCOMMAND_KEYS[subcommand]) == set(parameters) - skipped - {"self"}
     assert set(preflight.SUBCOMMANDS) == set(LightningCLI.subcommands())
+
+
+def test_configs_into_a_closed_pipe_ends_quietly(tmp_path):
+    # `rb-lightning configs | head -1`: the reader is gone before the list is written.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [*command("rb-lightning"), "configs"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 0
