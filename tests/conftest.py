@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,15 +41,30 @@ def list_rb() -> ReplayBuffer:
     return rb
 
 
+#: A test file that shares a fixture among its tests (see below) says so in its source.
+_MODULE_SCOPE = 'scope="module"'
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Which tests pytest-xdist runs in the same test process (``--dist loadgroup``).
 
-    A file's tests stay together: module-scoped fixtures (a DDP run shared by a file's
-    tests) then run once. Every Ray test runs in one process, one after another:
-    ``ray.init()`` joins a cluster another test started with ``ray start`` on this
-    machine instead of starting its own.
+    The tests of a file with a module-scoped fixture (a DDP run shared by its tests) stay
+    together, so the fixture runs once; every other test goes wherever a process is free
+    (a file of long end-to-end runs would otherwise keep one process busy while the other
+    waits). Every Ray test runs in one process, one after another: ``ray.init()`` joins a
+    cluster another test started with ``ray start`` on this machine instead of starting
+    its own.
     """
+    shares_fixtures: dict[Path, bool] = {}
     for item in items:
-        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        path = Path(str(item.fspath))
+        if path not in shares_fixtures:
+            shares_fixtures[path] = path.suffix == ".py" and _MODULE_SCOPE in path.read_text()
+        if item.get_closest_marker("ray"):
+            group = "ray"
+        elif shares_fixtures[path]:
+            group = item.nodeid.split("::")[0]
+        else:
+            group = item.nodeid
         item.add_marker(pytest.mark.xdist_group(group))
