@@ -14,54 +14,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rb_lightning.checkpoint.beside import BufferDumpRequest, beside_reference, resolve_reference
-from rb_lightning.checkpoint.files import remove_stale_versions, write_version
-from rb_lightning.checkpoint.io import install_checkpoint_io
+from rb_lightning.checkpoint.beside import resolve_reference
 from rb_lightning.checkpoint.manifest import Verify, read_manifest, write_manifest
-from rb_lightning.distributed.ray_checkpoint import restore_on_rank_zero
+from rb_lightning.distributed.ray_checkpoint import (
+    RemoteDumpRequest,
+    remote_buffer_state,
+    restore_on_rank_zero,
+)
 from rb_lightning.errors import BufferCheckpointError
 
 if TYPE_CHECKING:
     from rb_lightning.distributed.sharded import ShardedRayReplayBuffer
 
-__all__ = ["ShardedDumpRequest", "restore_sharded_state", "sharded_state"]
+__all__ = ["ShardedDumpRequest", "dump_shards", "restore_sharded_state", "sharded_state"]
 
 KIND = "sharded_ray_dumps"
 
+#: The old name of the one actor dump request (one release): build one with sharded_state.
+ShardedDumpRequest = RemoteDumpRequest
 
-class ShardedDumpRequest(BufferDumpRequest):
-    """Every shard of the buffer, dumped by its actor when ``BufferCheckpointIO`` saves."""
 
-    replay_buffer: ShardedRayReplayBuffer
-
-    def write(self, directory: Path) -> dict[str, Any]:
-        directory.mkdir(parents=True, exist_ok=True)
-        remove_stale_versions(directory)
-
-        def dump(path: Path) -> dict[str, Any]:
-            rb = self.replay_buffer
-            rb.dumps(path)
-            content = {"kind": KIND, "len": len(rb), "write_count": rb.write_count, "build": {}}
-            return write_manifest(path, {**content, "num_shards": rb.num_shards})
-
-        version, manifest = write_version(directory, dump)
-        return beside_reference(directory, version, manifest, sharded=True)
-
-    def __reduce__(self) -> Any:
-        raise BufferCheckpointError(
-            "This checkpoint holds a ShardedRayReplayBuffer, which its actors write beside the "
-            ".ckpt through rb_lightning's BufferCheckpointIO, and it is being saved without "
-            "it. Save through a Trainer that the ReplayBufferDataModule is attached to, or "
-            "pass Trainer(plugins=[BufferCheckpointIO()])."
-        )
+def dump_shards(replay_buffer: ShardedRayReplayBuffer, path: Path) -> dict[str, Any]:
+    """Every shard dumped by its actor into the new directory ``path``; return the manifest."""
+    replay_buffer.dumps(path)
+    content = {
+        "kind": KIND,
+        "len": len(replay_buffer),
+        "write_count": replay_buffer.write_count,
+        "build": {},
+    }
+    return write_manifest(path, {**content, "num_shards": replay_buffer.num_shards})
 
 
 def sharded_state(replay_buffer: ShardedRayReplayBuffer, trainer: Any) -> Any:
     """What the DataModule stores: rank 0's request to dump every shard; a placeholder elsewhere."""
-    if trainer is not None and trainer.global_rank != 0:
-        return {"location": "remote", "saved_by_rank": 0}
-    install_checkpoint_io(trainer)
-    return ShardedDumpRequest(replay_buffer)
+    request = RemoteDumpRequest(
+        replay_buffer,
+        lambda path: dump_shards(replay_buffer, path),
+        mark="sharded",
+        what="ShardedRayReplayBuffer",
+    )
+    return remote_buffer_state(replay_buffer, trainer, request)
 
 
 def restore_sharded_state(
