@@ -23,7 +23,7 @@ from rb_lightning.checkpoint import (
     resolve_reference,
 )
 from rb_lightning.checkpoint.manifest import write_manifest
-from rb_lightning.distributed.sharded_checkpoint import KIND, sharded_state
+from rb_lightning.distributed.sharded import KIND, sharded_state
 
 
 def _dump(length: int):
