@@ -4,7 +4,7 @@
 :mod:`~rb_lightning.distributed.ray_checkpoint` checkpoints it through its actor;
 :mod:`~rb_lightning.distributed.sharded` splits one buffer over several actors
 (:class:`ShardedRayReplayBuffer`, also reachable from a YAML config as
-``rb_lightning.distributed.ShardedRayReplayBuffer``).
+``rb_lightning.distributed.ShardedRayReplayBuffer``), with its handle and its checkpoints.
 DDP ranks with one buffer each need nothing from here: see
 :class:`~rb_lightning.stream.handles.RankBuffers`. Imports Ray only when used.
 """

@@ -3,7 +3,8 @@
 One actor serves every rank, so one process saves it: global rank 0 of the
 Lightning run has the actor write its content with torchrl's ``dumps`` beside
 the ``.ckpt`` (:func:`remote_buffer_state`, :class:`RemoteDumpRequest`,
-:func:`dump_remote_buffer`), and on resume loads it back into the actor while
+:func:`dump_remote_buffer`; the request also carries a ``ShardedRayReplayBuffer``'s
+dump of every shard), and on resume loads it back into the actor while
 every rank waits (:func:`restore_remote_buffer_state`, :func:`load_remote_buffer`).
 The manifest, the checks and the versions beside the ``.ckpt`` are
 :mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.distributed.ray`'s.
@@ -127,27 +128,47 @@ def load_remote_buffer(
 
 
 class RemoteDumpRequest(BufferDumpRequest):
-    """A Ray buffer, dumped by its actor beside the ``.ckpt`` when ``BufferCheckpointIO`` saves.
+    """A buffer served by Ray actors, dumped by them beside the ``.ckpt`` when ``BufferCheckpointIO`` saves.
 
     Lightning runs ``CheckpointIO.save_checkpoint`` on global rank 0 only, so the
     shared buffer is written once per checkpoint, whatever the number of ranks.
+    The one request of every actor-served buffer: ``dump`` writes a new version
+    directory and returns its manifest (default: :func:`dump_remote_buffer`, one
+    actor); ``mark`` is the reference's flag that tells on resume which kind of
+    actor dump it is (``"remote"``; a ``ShardedRayReplayBuffer``'s ``"sharded"``);
+    ``what`` names the buffer in the error raised when the request is pickled.
+
+    Examples:
+        >>> import pickle
+        >>> request = RemoteDumpRequest(None, lambda path: {}, what="ShardedRayReplayBuffer")
+        >>> pickle.dumps(request)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.BufferCheckpointError: This checkpoint holds a ShardedRayReplayBuffer, ...
     """
 
-    def __init__(self, replay_buffer: ReplayBuffer) -> None:
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        dump: Callable[[Path], dict[str, Any]] | None = None,
+        *,
+        mark: str = "remote",
+        what: str = "Ray replay buffer",
+    ) -> None:
         super().__init__(replay_buffer)
+        self.dump = dump or (lambda path: dump_remote_buffer(self.replay_buffer, path))
+        self.mark, self.what = mark, what
 
     def write(self, directory: Path) -> dict[str, Any]:
-        """Dump into ``directory/<version>.tmp`` (by the actor), rename; return the reference."""
+        """Dump into ``directory/<version>.tmp`` (by the actors), rename; return the reference."""
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_versions(directory)
-        version, manifest = write_version(
-            directory, lambda path: dump_remote_buffer(self.replay_buffer, path)
-        )
-        return beside_reference(directory, version, manifest, remote=True)
+        version, manifest = write_version(directory, self.dump)
+        return beside_reference(directory, version, manifest, **{self.mark: True})
 
     def __reduce__(self) -> Any:
         raise BufferCheckpointError(
-            "This checkpoint holds a Ray replay buffer, which its actor writes beside the "
+            f"This checkpoint holds a {self.what}, which its Ray actors write beside the "
             ".ckpt through rb_lightning's BufferCheckpointIO, and it is being saved without "
             "it. Save through a Trainer that the ReplayBufferDataModule is attached to (it "
             "installs the plugin), or pass Trainer(plugins=[BufferCheckpointIO()])."
@@ -155,20 +176,21 @@ class RemoteDumpRequest(BufferDumpRequest):
 
 
 def remote_buffer_state(
-    replay_buffer: ReplayBuffer, trainer: Any
+    replay_buffer: ReplayBuffer, trainer: Any, request: RemoteDumpRequest | None = None
 ) -> dict[str, Any] | BufferDumpRequest:
     """What a DataModule stores for a Ray buffer: its owner (global rank 0) dumps it.
 
     One actor serves every rank, so exactly one process writes it: global rank 0
-    of the Lightning run (whichever process created the actor). Its request is
-    carried out by :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which
-    Lightning calls on rank 0 only; other ranks return a placeholder
-    (``location="remote"``; their checkpoint dict is not saved).
+    of the Lightning run (whichever process created the actor). Its request
+    (``request``, default ``RemoteDumpRequest(replay_buffer)``) is carried out by
+    :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which Lightning calls on
+    rank 0 only; other ranks return a placeholder (``location="remote"``; their
+    checkpoint dict is not saved).
     """
     if trainer is not None and trainer.global_rank != 0:
         return {"location": "remote", "saved_by_rank": 0}
     install_checkpoint_io(trainer)
-    return RemoteDumpRequest(replay_buffer)
+    return RemoteDumpRequest(replay_buffer) if request is None else request
 
 
 def restore_remote_buffer_state(

@@ -19,6 +19,10 @@ collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``)
 * ``len``, ``write_count`` are totals over the shards; :meth:`dumps` saves every
   shard and :meth:`loads` brings them back onto any number of shards.
 
+One unit, in this module: the buffer, the DataModule's handle on it
+(:class:`ShardedBuffer`) and its checkpoints beside the ``.ckpt``
+(:func:`sharded_state`, :func:`restore_sharded_state`); the class its actors run is
+:mod:`~rb_lightning.distributed.shard_actor` (Ray sends that one by value).
 ``import rb_lightning`` does not import this module.
 
 Example::
@@ -45,18 +49,32 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import (
-    ReplayBuffer,
-)
+from torchrl.data import ReplayBuffer
 
+from rb_lightning.checkpoint.beside import resolve_reference
+from rb_lightning.checkpoint.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.distributed.ray_checkpoint import (
+    RemoteDumpRequest,
+    remote_buffer_state,
+    restore_on_rank_zero,
+)
 from rb_lightning.distributed.shard_actor import shard_actor_class
-from rb_lightning.distributed.sharded_handle import ShardedBuffer
 from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
+from rb_lightning.stream.handles import RemoteBuffer
+from rb_lightning.stream.priorities import InvalidPriority, check_priority
 from rb_lightning.validation import check_positive_int
 
-__all__ = ["ShardedRayReplayBuffer"]
+__all__ = [
+    "ShardedBuffer",
+    "ShardedRayReplayBuffer",
+    "dump_shards",
+    "restore_sharded_state",
+    "sharded_state",
+]
 
 _META = "shards.json"
+#: The manifest's kind of a dump of every shard.
+KIND = "sharded_ray_dumps"
 
 
 class ShardedRayReplayBuffer(ReplayBuffer):
@@ -472,3 +490,100 @@ class ShardedRayReplayBuffer(ReplayBuffer):
             f"{type(self).__name__}(capacity={self.capacity}, num_shards={self.num_shards}, "
             f"{kind}, in_flight={self.in_flight})"
         )
+
+
+class ShardedBuffer(RemoteBuffer):
+    """The DataModule's handle on a :class:`ShardedRayReplayBuffer`: several actors as one buffer.
+
+    Served like one Ray buffer (no re-seeding per rank, no DataLoader workers,
+    checkpointed once by global rank 0) with two differences: a priority update
+    carries the batch's ``index_generation``, so an item whose slot was written again
+    since it was sampled keeps its new item's priority; and the checkpoint holds
+    every shard (:meth:`ShardedRayReplayBuffer.dumps`).
+
+    Example (not run: needs Ray)::
+
+        from rb_lightning.stream.handles import resolve_buffer
+        handle = resolve_buffer(ShardedRayReplayBuffer(1_000, num_shards=2))
+        type(handle).__name__    # 'ShardedBuffer'
+    """
+
+    replay_buffer: ShardedRayReplayBuffer
+
+    def describe(self) -> str:
+        rb = self.replay_buffer
+        return f"{type(rb).__name__}(len={len(rb)}, {rb.num_shards} Ray shard actors)"
+
+    def capacity(self) -> int | None:
+        return self.replay_buffer.capacity
+
+    def update_priority(
+        self, batch: TensorDictBase, priority: torch.Tensor, *, invalid: InvalidPriority, where: str
+    ) -> int:
+        """Priorities to each item's shard; stale slots (another generation) keep theirs."""
+        priority = torch.as_tensor(priority).detach().cpu().float()
+        checked = check_priority(priority, invalid=invalid, replacement=lambda: 1.0, where=where)
+        replaced = 0 if checked is priority else int((checked != priority).sum())
+        generation = batch.get("index_generation", None)
+        self.replay_buffer.update_priority(batch["index"].cpu(), checked, generation=generation)
+        return replaced
+
+    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
+        """Every shard, dumped by its actor beside the ``.ckpt`` on behalf of global rank 0."""
+        return sharded_state(self.replay_buffer, trainer)
+
+    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+        """Rank 0 loads the shards (onto this buffer's number of shards); every rank waits."""
+        restore_sharded_state(self.replay_buffer, state, trainer, verify=verify)
+        return []
+
+
+# -- checkpoints beside the .ckpt ------------------------------------------------------------
+# Global rank 0 (the process Lightning saves from) has every shard actor write its part
+# (ShardedRayReplayBuffer.dumps) into a new version directory beside the .ckpt; the
+# manifest and checksums are rb_lightning.checkpoint's. On resume rank 0 verifies the dump
+# and loads it (onto the same shard layout as saved, or spread over another number of
+# shards) while every rank waits. The directory must be reachable from the shard actors'
+# node (a shared filesystem across machines).
+
+
+def dump_shards(replay_buffer: ShardedRayReplayBuffer, path: Path) -> dict[str, Any]:
+    """Every shard dumped by its actor into the new directory ``path``; return the manifest."""
+    replay_buffer.dumps(path)
+    content = {
+        "kind": KIND,
+        "len": len(replay_buffer),
+        "write_count": replay_buffer.write_count,
+        "build": {},
+    }
+    return write_manifest(path, {**content, "num_shards": replay_buffer.num_shards})
+
+
+def sharded_state(replay_buffer: ShardedRayReplayBuffer, trainer: Any) -> Any:
+    """What the DataModule stores: rank 0's request to dump every shard; a placeholder elsewhere."""
+    request = RemoteDumpRequest(
+        replay_buffer,
+        lambda path: dump_shards(replay_buffer, path),
+        mark="sharded",
+        what="ShardedRayReplayBuffer",
+    )
+    return remote_buffer_state(replay_buffer, trainer, request)
+
+
+def restore_sharded_state(
+    replay_buffer: ShardedRayReplayBuffer, state: Any, trainer: Any, *, verify: Verify
+) -> None:
+    """Rank 0 verifies and loads the saved shards; every rank waits for it (collective)."""
+
+    def load() -> None:
+        if not state.get("sharded"):
+            raise BufferCheckpointError(
+                "The checkpoint's replay buffer was not saved from a ShardedRayReplayBuffer, "
+                "and the DataModule now holds one. Resume with the same kind of buffer as "
+                "the saved run, or start a new run."
+            )
+        path = resolve_reference(state, trainer.ckpt_path if trainer is not None else None)
+        read_manifest(path, verify=verify)
+        replay_buffer.loads(path)
+
+    restore_on_rank_zero(state, trainer, load, what="ShardedRayReplayBuffer")

@@ -11,6 +11,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rb_lightning"
 MAX_LINES = 500
+#: One concept that needs more room: the sharded buffer with its handle and its checkpoints,
+#: cut in three modules that imported each other to fit 500 (issue 46 allows ~650 for that).
+ONE_CONCEPT_MAX_LINES = {"distributed/sharded.py": 650}
 # 400: the answers to Trainer switches grew it; their logic is in trainer_switches.py.
 DATAMODULE_MAX_LINES = 400
 #: Only the buffer handles decide what kind of buffer they were given.
@@ -24,11 +27,15 @@ def _modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def _line_cap(path: Path) -> int:
+    return ONE_CONCEPT_MAX_LINES.get(str(path.relative_to(PACKAGE)), MAX_LINES)
+
+
 def test_no_module_is_over_500_lines():
     long = {
         str(p.relative_to(PACKAGE)): n
         for p in _modules()
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        if (n := len(p.read_text().splitlines())) > _line_cap(p)
     }
     assert not long, f"split these modules by job: {long}"
 

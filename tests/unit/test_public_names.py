@@ -57,6 +57,15 @@ IN_SUBPACKAGES = [
     "rb_lightning.checkpoint.BufferCheckpointError",
     "rb_lightning.checkpoint.load_buffer",
     "rb_lightning.checkpoint.dump_buffer",
+    "rb_lightning.checkpoint.RemoteDumpRequest",
+    "rb_lightning.distributed.ShardedRayReplayBuffer",
+    "rb_lightning.distributed.sharded.ShardedRayReplayBuffer",
+    "rb_lightning.distributed.sharded.ShardedBuffer",
+    # Old homes of the sharded buffer's handle and checkpoints (one release, issue 46).
+    "rb_lightning.distributed.sharded_handle.ShardedBuffer",
+    "rb_lightning.distributed.sharded_checkpoint.ShardedDumpRequest",
+    "rb_lightning.distributed.sharded_checkpoint.sharded_state",
+    "rb_lightning.distributed.sharded_checkpoint.restore_sharded_state",
 ]
 
 
