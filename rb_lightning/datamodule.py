@@ -182,13 +182,12 @@ class ReplayBufferDataModule(LightningDataModule):
         self.invalid_priority = check_invalid_priority_mode(invalid_priority)
         #: NaN, infinite or negative priorities replaced so far (``invalid_priority="replace"``).
         self.replaced_priorities = 0
-        # What can be checked before a Trainer exists; the handle is chosen in setup.
-        options = self.loader_options
-        check_training_options(resolve_buffer(self.replay_buffer), self.batch_size, options)
-        self._buffer: BufferHandle | None = None
+        # What can be checked before a Trainer exists; setup chooses the handle for its ranks.
+        self._buffer: BufferHandle | None = resolve_buffer(self.replay_buffer)
+        check_training_options(self._buffer, self.batch_size, self.loader_options)
         # strategy="ddp_spawn" pickles this DataModule into each rank: each gets its own copy.
         eval_buffers = [b for b in (self.val_buffer, self.test_buffer) if b is not None]
-        copy_into_spawned_processes([*self.buffer.in_process_buffers(), *eval_buffers])
+        copy_into_spawned_processes([*self._buffer.in_process_buffers(), *eval_buffers])
         self._repeated = RepeatedBatches(self._sample_batches)  # Trainer(overfit_batches=N)
         self.rate_limiter = check_rate_limiter(rate_limiter, self.num_workers)
         self._training = TrainingStream(  # the loader, its position, its device copies

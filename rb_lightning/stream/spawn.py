@@ -32,7 +32,6 @@ __all__ = ["copy_into_spawned_processes"]
 
 # Samplers a DataModule serves; weak, so a dropped buffer is not kept alive.
 _copied: weakref.WeakSet[PrioritizedSampler] = weakref.WeakSet()
-_registered: set[type] = set()
 
 
 def copy_into_spawned_processes(replay_buffers: Iterable[ReplayBuffer]) -> None:
@@ -42,10 +41,8 @@ def copy_into_spawned_processes(replay_buffers: Iterable[ReplayBuffer]) -> None:
         if not isinstance(sampler, PrioritizedSampler):
             continue
         _copied.add(sampler)
-        if type(sampler) not in _registered:
-            # Reducers are looked up by exact type, one registration per sampler class.
-            ForkingPickler.register(type(sampler), _reduce_sampler)
-            _registered.add(type(sampler))
+        # Reducers are looked up by exact type; registering one again replaces it with itself.
+        ForkingPickler.register(type(sampler), _reduce_sampler)
 
 
 def _reduce_sampler(sampler: PrioritizedSampler) -> Any:
