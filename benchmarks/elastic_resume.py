@@ -7,7 +7,7 @@ buffers have wrapped, as a long run's have), written as a checkpoint writes them
 new rank (rank 0) into a fresh buffer, as ``ReplayBufferDataModule.load_state_dict`` does it
 (``restore_buffer_state`` with ``verify="full"``): with the saved number of ranks each rank
 reads its own dump; with another, every rank reads all of them and keeps its share
-(:mod:`rb_lightning.checkpoint.elastic`). Medians of ``--repeats`` runs, page cache warm.
+(:mod:`rb_lightning.persist.elastic`). Medians of ``--repeats`` runs, page cache warm.
 
 Run from the repository root::
 
@@ -29,8 +29,9 @@ from checkpoint import rl_items  # benchmarks/checkpoint.py: the same transition
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning.checkpoint import buffer_dir_for, dump_buffer, restore_buffer_state
-from rb_lightning.checkpoint.beside import beside_reference
+from rb_lightning.buffers.state import restore_buffer_state
+from rb_lightning.persist.beside import beside_reference, buffer_dir_for
+from rb_lightning.persist.dumps import dump_buffer
 
 torch.set_num_threads(1)
 logging.getLogger("torchrl").setLevel(logging.WARNING)

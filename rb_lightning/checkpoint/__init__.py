@@ -4,29 +4,29 @@ A resumed online RL / RLHF run needs its buffer back exactly: content, writer
 cursor and ``write_count``, sampler state (priorities, the without-replacement
 permutation) and the sampling generator. The package, by job:
 
-* :mod:`~rb_lightning.checkpoint.dumps`: a buffer to a dump directory and back
+* :mod:`~rb_lightning.persist.dumps`: a buffer to a dump directory and back
   (:func:`dump_buffer`, :func:`load_dump`): memory-mapped tensors and JSON, never a pickle;
-* :mod:`~rb_lightning.checkpoint.kinds`: one class per kind of dump (by storage),
+* :mod:`~rb_lightning.persist.kinds`: one class per kind of dump (by storage),
   in one table keyed by the name the manifest records; what every kind holds
   besides the items (sampler, writer, generator) is
-  :mod:`~rb_lightning.checkpoint.components`, the errors for a buffer that cannot
-  take a dump :mod:`~rb_lightning.checkpoint.mismatch`;
-* :mod:`~rb_lightning.checkpoint.manifest`: the manifest (format version, sizes
+  :mod:`~rb_lightning.persist.components`, the errors for a buffer that cannot
+  take a dump :mod:`~rb_lightning.persist.mismatch`;
+* :mod:`~rb_lightning.persist.manifest`: the manifest (format version, sizes
   and ``xxh3_64`` checksums of every file) and its verification;
-  :mod:`~rb_lightning.checkpoint.build`: the buffer's build it records, and the check
+  :mod:`~rb_lightning.persist.build`: the buffer's build it records, and the check
   that a resumed buffer matches;
-* :mod:`~rb_lightning.checkpoint.files`: atomic versions (``fsync`` and rename),
+* :mod:`~rb_lightning.persist.files`: atomic versions (``fsync`` and rename),
   disk-space checks, cleanup of what a dead save left, packing into one tensor;
-* :mod:`~rb_lightning.checkpoint.state` and :mod:`~rb_lightning.checkpoint.io`:
+* :mod:`~rb_lightning.buffers.state` and :mod:`~rb_lightning.lightning.checkpoint_io`:
   what a DataModule stores in its ``state_dict`` (small buffers packed inside the
   ``.ckpt``, larger ones written beside it as ``<ckpt>.buffer/<version>/`` by
   :class:`BufferCheckpointIO`, before the ``.ckpt`` and removed with it;
-  :mod:`~rb_lightning.checkpoint.beside` holds the requests and references);
-* :mod:`~rb_lightning.checkpoint.load`: reading a saved buffer back from a
+  :mod:`~rb_lightning.persist.beside` holds the requests and references);
+* :mod:`~rb_lightning.buffers.load`: reading a saved buffer back from a
   dump, a ``.ckpt`` or a run directory (:func:`load_buffer`);
-* :mod:`~rb_lightning.checkpoint.elastic`: per-rank buffers of a DDP run resumed on
+* :mod:`~rb_lightning.persist.elastic`: per-rank buffers of a DDP run resumed on
   another number of ranks, every saved item dealt to exactly one of them;
-* :mod:`~rb_lightning.checkpoint.adapter`: a dump as a component of a
+* :mod:`~rb_lightning.persist.adapter`: a dump as a component of a
   ``torchrl.checkpoint.Checkpoint`` (:class:`BufferCheckpointAdapter`).
 
 A Ray buffer is saved by its actor (:mod:`rb_lightning.distributed.ray_checkpoint`; its
@@ -61,6 +61,21 @@ from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError
 from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rb_lightning.buffers.load import (
+        checkpoint_buffer_state,
+        checkpoint_dumps,
+        checkpoint_path_of,
+        load_buffer,
+        read_torch_file,
+    )
+    from rb_lightning.buffers.state import (
+        DEFAULT_INLINE_MAX_BYTES,
+        buffer_state,
+        mixture_state,
+        rank_buffer_state,
+        restore_buffer_state,
+        restore_mixture_state,
+    )
     from rb_lightning.distributed.ray_checkpoint import (
         RemoteDumpRequest,
         dump_remote_buffer,
@@ -68,9 +83,9 @@ if TYPE_CHECKING:  # pragma: no cover
         remote_buffer_state,
         restore_remote_buffer_state,
     )
-
-    from .adapter import BufferCheckpointAdapter
-    from .beside import (
+    from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO, install_checkpoint_io
+    from rb_lightning.persist.adapter import BufferCheckpointAdapter
+    from rb_lightning.persist.beside import (
         BUFFER_DIR_SUFFIX,
         BufferDumpRequest,
         RankDumpsRequest,
@@ -78,10 +93,10 @@ if TYPE_CHECKING:  # pragma: no cover
         resolve_reference,
         staging_dir_for,
     )
-    from .build import buffer_build, check_same_build
-    from .components import ensure_generator
-    from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
-    from .files import (
+    from rb_lightning.persist.build import buffer_build, check_same_build
+    from rb_lightning.persist.components import ensure_generator
+    from rb_lightning.persist.dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+    from rb_lightning.persist.files import (
         check_disk_space,
         free_disk_bytes,
         pack_directory,
@@ -91,16 +106,8 @@ if TYPE_CHECKING:  # pragma: no cover
         unpack_directory,
         write_version,
     )
-    from .io import BufferCheckpointIO, install_checkpoint_io
-    from .kinds import writes_filled_rows_only
-    from .load import (
-        checkpoint_buffer_state,
-        checkpoint_dumps,
-        checkpoint_path_of,
-        load_buffer,
-        read_torch_file,
-    )
-    from .manifest import (
+    from rb_lightning.persist.kinds import writes_filled_rows_only
+    from rb_lightning.persist.manifest import (
         FORMAT_VERSION,
         MANIFEST,
         VERIFY_MODES,
@@ -108,60 +115,52 @@ if TYPE_CHECKING:  # pragma: no cover
         check_verify_mode,
         read_manifest,
     )
-    from .state import (
-        DEFAULT_INLINE_MAX_BYTES,
-        buffer_state,
-        mixture_state,
-        rank_buffer_state,
-        restore_buffer_state,
-        restore_mixture_state,
-    )
 
 #: Public name -> the module that defines it: imported on first use, so importing one
 #: module of the package (the buffer handles import .state) does not import them all.
 _HOMES = {
-    "BUFFER_DIR_SUFFIX": "rb_lightning.checkpoint.beside",
-    "BufferCheckpointAdapter": "rb_lightning.checkpoint.adapter",
-    "BufferCheckpointIO": "rb_lightning.checkpoint.io",
-    "BufferDumpRequest": "rb_lightning.checkpoint.beside",
-    "DEFAULT_INLINE_MAX_BYTES": "rb_lightning.checkpoint.state",
-    "FORMAT_VERSION": "rb_lightning.checkpoint.manifest",
-    "MANIFEST": "rb_lightning.checkpoint.manifest",
-    "RankDumpsRequest": "rb_lightning.checkpoint.beside",
-    "VERIFY_MODES": "rb_lightning.checkpoint.manifest",
-    "Verify": "rb_lightning.checkpoint.manifest",
-    "buffer_build": "rb_lightning.checkpoint.build",
-    "buffer_dir_for": "rb_lightning.checkpoint.beside",
-    "buffer_nbytes": "rb_lightning.checkpoint.dumps",
-    "buffer_state": "rb_lightning.checkpoint.state",
-    "check_disk_space": "rb_lightning.checkpoint.files",
-    "check_same_build": "rb_lightning.checkpoint.build",
-    "check_verify_mode": "rb_lightning.checkpoint.manifest",
-    "checkpoint_buffer_state": "rb_lightning.checkpoint.load",
-    "checkpoint_dumps": "rb_lightning.checkpoint.load",
-    "checkpoint_path_of": "rb_lightning.checkpoint.load",
-    "dump_buffer": "rb_lightning.checkpoint.dumps",
-    "dump_nbytes": "rb_lightning.checkpoint.dumps",
-    "ensure_generator": "rb_lightning.checkpoint.components",
-    "free_disk_bytes": "rb_lightning.checkpoint.files",
-    "install_checkpoint_io": "rb_lightning.checkpoint.io",
-    "load_buffer": "rb_lightning.checkpoint.load",
-    "load_dump": "rb_lightning.checkpoint.dumps",
-    "mixture_state": "rb_lightning.checkpoint.state",
-    "pack_directory": "rb_lightning.checkpoint.files",
-    "publish_version": "rb_lightning.checkpoint.files",
-    "rank_buffer_state": "rb_lightning.checkpoint.state",
-    "read_manifest": "rb_lightning.checkpoint.manifest",
-    "read_torch_file": "rb_lightning.checkpoint.load",
-    "remove_stale_versions": "rb_lightning.checkpoint.files",
-    "resolve_reference": "rb_lightning.checkpoint.beside",
-    "restore_buffer_state": "rb_lightning.checkpoint.state",
-    "restore_mixture_state": "rb_lightning.checkpoint.state",
-    "staging_dir_for": "rb_lightning.checkpoint.beside",
-    "sync_path": "rb_lightning.checkpoint.files",
-    "unpack_directory": "rb_lightning.checkpoint.files",
-    "write_version": "rb_lightning.checkpoint.files",
-    "writes_filled_rows_only": "rb_lightning.checkpoint.kinds",
+    "BUFFER_DIR_SUFFIX": "rb_lightning.persist.beside",
+    "BufferCheckpointAdapter": "rb_lightning.persist.adapter",
+    "BufferCheckpointIO": "rb_lightning.lightning.checkpoint_io",
+    "BufferDumpRequest": "rb_lightning.persist.beside",
+    "DEFAULT_INLINE_MAX_BYTES": "rb_lightning.buffers.state",
+    "FORMAT_VERSION": "rb_lightning.persist.manifest",
+    "MANIFEST": "rb_lightning.persist.manifest",
+    "RankDumpsRequest": "rb_lightning.persist.beside",
+    "VERIFY_MODES": "rb_lightning.persist.manifest",
+    "Verify": "rb_lightning.persist.manifest",
+    "buffer_build": "rb_lightning.persist.build",
+    "buffer_dir_for": "rb_lightning.persist.beside",
+    "buffer_nbytes": "rb_lightning.persist.dumps",
+    "buffer_state": "rb_lightning.buffers.state",
+    "check_disk_space": "rb_lightning.persist.files",
+    "check_same_build": "rb_lightning.persist.build",
+    "check_verify_mode": "rb_lightning.persist.manifest",
+    "checkpoint_buffer_state": "rb_lightning.buffers.load",
+    "checkpoint_dumps": "rb_lightning.buffers.load",
+    "checkpoint_path_of": "rb_lightning.buffers.load",
+    "dump_buffer": "rb_lightning.persist.dumps",
+    "dump_nbytes": "rb_lightning.persist.dumps",
+    "ensure_generator": "rb_lightning.persist.components",
+    "free_disk_bytes": "rb_lightning.persist.files",
+    "install_checkpoint_io": "rb_lightning.lightning.checkpoint_io",
+    "load_buffer": "rb_lightning.buffers.load",
+    "load_dump": "rb_lightning.persist.dumps",
+    "mixture_state": "rb_lightning.buffers.state",
+    "pack_directory": "rb_lightning.persist.files",
+    "publish_version": "rb_lightning.persist.files",
+    "rank_buffer_state": "rb_lightning.buffers.state",
+    "read_manifest": "rb_lightning.persist.manifest",
+    "read_torch_file": "rb_lightning.buffers.load",
+    "remove_stale_versions": "rb_lightning.persist.files",
+    "resolve_reference": "rb_lightning.persist.beside",
+    "restore_buffer_state": "rb_lightning.buffers.state",
+    "restore_mixture_state": "rb_lightning.buffers.state",
+    "staging_dir_for": "rb_lightning.persist.beside",
+    "sync_path": "rb_lightning.persist.files",
+    "unpack_directory": "rb_lightning.persist.files",
+    "write_version": "rb_lightning.persist.files",
+    "writes_filled_rows_only": "rb_lightning.persist.kinds",
 }
 
 #: A Ray buffer's checkpoint names, defined in rb_lightning.distributed.ray_checkpoint (imported on use).

@@ -24,18 +24,18 @@ from typing import Any
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.checkpoint.beside import BufferDumpRequest, beside_reference, resolve_reference
-from rb_lightning.checkpoint.build import build_record, compare_builds
-from rb_lightning.checkpoint.files import remove_stale_versions, write_version
-from rb_lightning.checkpoint.io import install_checkpoint_io
-from rb_lightning.checkpoint.kinds import actor_dump_kind
-from rb_lightning.checkpoint.manifest import (
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import install_checkpoint_io
+from rb_lightning.persist.beside import BufferDumpRequest, beside_reference, resolve_reference
+from rb_lightning.persist.build import build_record, compare_builds
+from rb_lightning.persist.files import remove_stale_versions, write_version
+from rb_lightning.persist.kinds import actor_dump_kind
+from rb_lightning.persist.manifest import (
     Verify,
     check_plain_files,
     read_manifest,
     write_manifest,
 )
-from rb_lightning.errors import BufferCheckpointError
 
 __all__ = [
     "RemoteDumpRequest",

@@ -51,17 +51,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.checkpoint.beside import resolve_reference
-from rb_lightning.checkpoint.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.buffers.priorities import InvalidPriority, check_priority
 from rb_lightning.distributed.ray_checkpoint import (
     RemoteDumpRequest,
     remote_buffer_state,
     restore_on_rank_zero,
 )
+from rb_lightning.distributed.remote_handle import RemoteBuffer
 from rb_lightning.distributed.shard_actor import shard_actor_class
 from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
-from rb_lightning.stream.handles import RemoteBuffer
-from rb_lightning.stream.priorities import InvalidPriority, check_priority
+from rb_lightning.persist.beside import resolve_reference
+from rb_lightning.persist.manifest import Verify, read_manifest, write_manifest
 from rb_lightning.validation import check_positive_int
 
 __all__ = [
@@ -503,7 +503,7 @@ class ShardedBuffer(RemoteBuffer):
 
     Example (not run: needs Ray)::
 
-        from rb_lightning.stream.handles import resolve_buffer
+        from rb_lightning.buffers.handles import resolve_buffer
         handle = resolve_buffer(ShardedRayReplayBuffer(1_000, num_shards=2))
         type(handle).__name__    # 'ShardedBuffer'
     """

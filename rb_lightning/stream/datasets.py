@@ -27,6 +27,7 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning import columns
 from rb_lightning.errors import ArgumentTypeError, MissingKeyError
+from rb_lightning.stream import exporters
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.stream.state import StreamCursor
@@ -117,9 +118,7 @@ class _SampledDataset(IterableDataset):
             >>> len(list(ds))
             8
         """
-        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
-
-        return to_hf_dataset(self, **options)
+        return exporters.export("hf", self, **options)
 
     # -- iteration --------------------------------------------------------------------------
     def _batches_for(self, shard: Shard) -> int | None:
@@ -440,9 +439,7 @@ class ReplayBufferPassDataset(IterableDataset):
             >>> [row["x"] for row in ReplayBufferPassDataset(rb, batch_size=2).as_hf_dataset()]
             [0, 1, 2, 3, 4]
         """
-        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
-
-        return to_hf_dataset(self, **options)
+        return exporters.export("hf", self, **options)
 
     def __iter__(self) -> Iterator[Any]:
         shard = current_shard()

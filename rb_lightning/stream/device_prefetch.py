@@ -52,7 +52,6 @@ __all__ = [
     "default_copy_engine",
     "make_prefetcher",
     "move_batch",
-    "storage_device",
 ]
 
 
@@ -208,27 +207,6 @@ class DevicePrefetcher:
 
     def __len__(self) -> int:
         return len(self._in_flight)
-
-
-def storage_device(replay_buffer: Any) -> torch.device | None:
-    """The device a buffer's storage keeps its rows on, or ``None`` while unknown.
-
-    ``None`` for a lazy storage with ``device="auto"`` before its first write, for a
-    remote (Ray) buffer, and for a storage without a ``device``.
-
-    Examples:
-        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> storage_device(ReplayBuffer(storage=LazyTensorStorage(10, device="cpu")))
-        device(type='cpu')
-    """
-    try:
-        storage = replay_buffer.storage
-    except AttributeError:  # a remote buffer keeps its storage in its actor
-        return None
-    device = getattr(storage, "device", None)
-    if device is None or (isinstance(device, str) and device == "auto"):
-        return None
-    return torch.device(device)
 
 
 def check_device_storage(

@@ -19,13 +19,10 @@ from tensordict import TensorDict
 from torchrl.data import ListStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    dump_buffer,
-    load_buffer,
-    pack_directory,
-    unpack_directory,
-)
+from rb_lightning.buffers.load import load_buffer
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.files import pack_directory, unpack_directory
 
 
 class Payload:

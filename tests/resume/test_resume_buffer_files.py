@@ -21,15 +21,12 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, ListStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    BufferDumpRequest,
-    buffer_state,
-    dump_buffer,
-    load_buffer,
-    restore_buffer_state,
-)
+from rb_lightning.buffers.load import load_buffer
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.beside import BufferDumpRequest
+from rb_lightning.persist.dumps import dump_buffer
 
 
 def _sample_ids(rb: ReplayBuffer, times: int = 3) -> list[list[int]]:

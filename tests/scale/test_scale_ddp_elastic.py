@@ -18,7 +18,7 @@ import pytest
 import yaml
 from script_runs import finish_script, rank_results, run_train_py, start_script
 
-from rb_lightning.checkpoint import checkpoint_buffer_state, read_torch_file
+from rb_lightning.buffers.load import checkpoint_buffer_state, read_torch_file
 
 
 def _start(out_dir: Path, world_size: int, tag: int, steps: int, ckpt: Path | None = None):

@@ -19,7 +19,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.errors import BufferCheckpointError
 
 RANK_TAG = 100_000
 

@@ -16,14 +16,11 @@ from typing import Any
 
 import pytest
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    RemoteDumpRequest,
-    read_manifest,
-    resolve_reference,
-)
-from rb_lightning.checkpoint.manifest import write_manifest
+from rb_lightning.distributed.ray_checkpoint import RemoteDumpRequest
 from rb_lightning.distributed.sharded import KIND, sharded_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.beside import resolve_reference
+from rb_lightning.persist.manifest import read_manifest, write_manifest
 
 
 def _dump(length: int):

@@ -9,14 +9,10 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    BufferDumpRequest,
-    buffer_dir_for,
-    buffer_state,
-    restore_buffer_state,
-)
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.beside import BufferDumpRequest, buffer_dir_for
 
 
 def _buffer(n: int = 6) -> ReplayBuffer:

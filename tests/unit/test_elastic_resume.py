@@ -1,4 +1,4 @@
-"""Per-rank buffers restored on another number of ranks (rb_lightning.checkpoint.elastic).
+"""Per-rank buffers restored on another number of ranks (rb_lightning.persist.elastic).
 
 Each saved rank's buffer is dumped the way a DDP checkpoint does (``<ckpt>.buffer/<version>/
 rank<r>``) and restored here once per new rank, in one process: the union of the new ranks'
@@ -22,9 +22,10 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler, SliceSampler
 
 from rb_lightning import ReplayBufferDataModule, UsageError
-from rb_lightning.checkpoint import BufferCheckpointError, buffer_dir_for, dump_buffer
-from rb_lightning.checkpoint.beside import beside_reference
-from rb_lightning.checkpoint.state import buffer_state, restore_buffer_state
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.beside import beside_reference, buffer_dir_for
+from rb_lightning.persist.dumps import dump_buffer
 from rb_lightning.torchrl_compat import saved_priority_tree
 
 TAG = 1_000  # item ids: saved rank * TAG + n, in write order

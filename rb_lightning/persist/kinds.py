@@ -3,7 +3,7 @@
 Each kind saves a buffer's items (:meth:`DumpKind.save`), checks that a
 buffer can take a saved dump before it is touched (:meth:`DumpKind.verify`)
 and loads it (:meth:`DumpKind.load`); sampler, writer and generator state go
-through :mod:`rb_lightning.checkpoint.components`. Only tensors and JSON are
+through :mod:`rb_lightning.persist.components`. Only tensors and JSON are
 written, never a pickle.
 
 * ``list_items``: a ``ListStorage``, one memory-mapped TensorDict per item;
@@ -48,10 +48,16 @@ from torchrl.data.replay_buffers.storages import (
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
-
-from .components import dump_components, load_components, on_host
-from .manifest import LIST_DIR, STORAGE_DIR, TENSOR_ROWS, TRANSFORM_STATE, Digests, not_this_layout
-from .mismatch import check_capacity, require_storage, unloadable
+from rb_lightning.persist.components import dump_components, load_components, on_host
+from rb_lightning.persist.manifest import (
+    LIST_DIR,
+    STORAGE_DIR,
+    TENSOR_ROWS,
+    TRANSFORM_STATE,
+    Digests,
+    not_this_layout,
+)
+from rb_lightning.persist.mismatch import check_capacity, require_storage, unloadable
 
 __all__ = [
     "KINDS",

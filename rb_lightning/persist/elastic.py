@@ -50,13 +50,12 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError, UsageError
-
-from .beside import RANK_PREFIX, resolve_reference
-from .build import buffer_build, compare_builds
-from .files import unpacked_directory
-from .kinds import kind_named
-from .manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
-from .mismatch import unloadable
+from rb_lightning.persist.beside import RANK_PREFIX, resolve_reference
+from rb_lightning.persist.build import buffer_build, compare_builds
+from rb_lightning.persist.files import unpacked_directory
+from rb_lightning.persist.kinds import kind_named
+from rb_lightning.persist.manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
+from rb_lightning.persist.mismatch import unloadable
 
 logger = logging.getLogger(__name__)
 

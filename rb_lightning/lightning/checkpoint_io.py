@@ -29,8 +29,13 @@ from typing import Any
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-from .beside import BUFFER_DIR_SUFFIX, BufferDumpRequest, buffer_dir_for, resolve_reference
-from .files import remove_stale_versions, sync_path
+from rb_lightning.persist.beside import (
+    BUFFER_DIR_SUFFIX,
+    BufferDumpRequest,
+    buffer_dir_for,
+    resolve_reference,
+)
+from rb_lightning.persist.files import remove_stale_versions, sync_path
 
 __all__ = ["STREAM_STATE_TAG", "WEIGHTS_ONLY_STATE", "BufferCheckpointIO", "install_checkpoint_io"]
 

@@ -24,15 +24,14 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.buffers.handles import resolve_buffer
+from rb_lightning.buffers.state import restore_mixture_state
 from rb_lightning.errors import BufferCheckpointError
-from rb_lightning.runs.run_files import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
-from rb_lightning.stream.handles import resolve_buffer
-
-from .beside import RANK_PREFIX, resolve_reference
-from .dumps import load_dump
-from .files import unpacked_directory
-from .manifest import MANIFEST, Verify
-from .state import restore_mixture_state
+from rb_lightning.persist.beside import RANK_PREFIX, resolve_reference
+from rb_lightning.persist.dumps import load_dump
+from rb_lightning.persist.files import unpacked_directory
+from rb_lightning.persist.manifest import MANIFEST, Verify
+from rb_lightning.persist.run_paths import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
 
 __all__ = [
     "checkpoint_buffer_state",

@@ -46,22 +46,26 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.storages import ListStorage
 
 from rb_lightning.errors import BufferCheckpointError
-
-from .beside import (
+from rb_lightning.persist.beside import (
     RANK_PREFIX,
     BufferDumpRequest,
     RankDumpsRequest,
     resolve_reference,
     staging_dir_for,
 )
-from .components import ensure_generator
-from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
-from .elastic import RESUME_OPTIONS, needs_redistribution, restore_share
-from .files import check_disk_space, pack_directory, sync_path, unpacked_directory
-from .manifest import Verify, read_manifest
+from rb_lightning.persist.components import ensure_generator
+from rb_lightning.persist.dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+from rb_lightning.persist.elastic import RESUME_OPTIONS, needs_redistribution, restore_share
+from rb_lightning.persist.files import (
+    check_disk_space,
+    pack_directory,
+    sync_path,
+    unpacked_directory,
+)
+from rb_lightning.persist.manifest import Verify, read_manifest
 
 if TYPE_CHECKING:
-    from rb_lightning.sources.mixture import BufferMixture
+    from rb_lightning.buffers.mixture import BufferMixture
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BYTES",
@@ -242,8 +246,8 @@ def restore_buffer_state(
     ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
     run holds one buffer per rank; each rank restores its own. Saved by another
     number of processes, every rank takes its share of all the saved items instead
-    (:func:`~rb_lightning.checkpoint.elastic.restore_share`, with the options
-    :func:`~rb_lightning.checkpoint.elastic.with_resume_options` put in ``state``).
+    (:func:`~rb_lightning.persist.elastic.restore_share`, with the options
+    :func:`~rb_lightning.persist.elastic.with_resume_options` put in ``state``).
     ``verify``: what is checked before the buffer is touched (see
     :func:`~rb_lightning.checkpoint.read_manifest`).
     """

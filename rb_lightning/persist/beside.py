@@ -26,9 +26,13 @@ from typing import Any
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import BufferCheckpointError
-
-from .dumps import dump_buffer, dump_nbytes
-from .files import check_disk_space, publish_version, remove_stale_versions, write_version
+from rb_lightning.persist.dumps import dump_buffer, dump_nbytes
+from rb_lightning.persist.files import (
+    check_disk_space,
+    publish_version,
+    remove_stale_versions,
+    write_version,
+)
 
 __all__ = [
     "BUFFER_DIR_SUFFIX",

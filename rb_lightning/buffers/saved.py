@@ -38,6 +38,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,21 +52,18 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.checkpoint import (
-    MANIFEST,
-    BufferCheckpointError,
+from rb_lightning.buffers.handles import resolve_buffer
+from rb_lightning.buffers.load import (
     checkpoint_buffer_state,
     checkpoint_dumps,
     checkpoint_path_of,
-    load_dump,
-    read_manifest,
     read_torch_file,
 )
-from rb_lightning.columns import flat_name, leaf_keys
-from rb_lightning.errors import UsageError
-from rb_lightning.sources.mixture import BufferMixture
-from rb_lightning.stream.handles import resolve_buffer
-from rb_lightning.stream.sampling import SAMPLER_INFO_KEYS
+from rb_lightning.buffers.mixture import BufferMixture
+from rb_lightning.columns import SAMPLER_INFO_KEYS, flat_name, leaf_keys
+from rb_lightning.errors import BufferCheckpointError, UsageError
+from rb_lightning.persist.dumps import load_dump
+from rb_lightning.persist.manifest import MANIFEST, read_manifest
 
 __all__ = ["SavedBuffer", "open_saved_buffer"]
 
@@ -314,7 +313,8 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
     """A ``ReplayBuffer`` with the storage, sampler and writer classes a manifest records."""
     names = {part: build.get(part) for part in ("storage", "sampler", "writer")}
     if names["storage"] not in _STORAGES or not all(
-        isinstance(_class_named(str(name)), type) for name in names.values()
+        isinstance(_class_named(str(name), build.get(f"{part}_module")), type)
+        for part, name in names.items()
     ):
         raise UsageError(
             "path",
@@ -326,7 +326,7 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
     storage = getattr(torchrl.data, names["storage"])(max_size=int(build["capacity"]))
     settings = dict(build.get("sampler_settings") or {})
     try:
-        sampler = _class_named(str(names["sampler"]))(**settings)
+        sampler = _class_named(str(names["sampler"]), build.get("sampler_module"))(**settings)
         writer = _class_named(str(names["writer"]))()
     except TypeError as error:
         raise UsageError(
@@ -338,12 +338,14 @@ def _build_like(build: dict[str, Any], root: Path) -> ReplayBuffer:
     return ReplayBuffer(storage=storage, sampler=sampler, writer=writer)
 
 
-def _class_named(name: str) -> Any:
-    """The torchrl class ``name``, or rb_lightning's own sampler of that name (``None``: neither)."""
-    if name == "GroupSampler":
-        from rb_lightning.llm.groups import GroupSampler
+def _class_named(name: str, module: str | None = None) -> Any:
+    """The class ``name`` of torchrl, or of the module the build recorded (``None``: neither).
 
-        return GroupSampler
+    Only modules of rb_lightning and torchrl are imported: the path comes from a file.
+    """
+    if module and module.split(".")[0] in ("rb_lightning", "torchrl"):
+        with contextlib.suppress(ImportError):
+            return getattr(importlib.import_module(module), name, None)
     return getattr(torchrl.data, name, None)
 
 
