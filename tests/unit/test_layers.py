@@ -80,3 +80,29 @@ def test_an_upward_import_is_caught():
     ]
     sideways = {"rb_lightning.hf.export": {"rb_lightning.runs.cli"}}
     assert len(violations(sideways)) == 1
+
+
+def _third_party_roots(path) -> set[str]:
+    """The top-level packages a module imports (any import, anywhere in the module)."""
+    import ast
+
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_layers_below_lightning_know_no_trainer():
+    from test_import_graph import ROOT
+
+    below = {unit for _, units in LAYERS[: layer_of("lightning")] for unit in units}
+    found = [
+        str(path.relative_to(ROOT.parent))
+        for path in sorted(ROOT.rglob("*.py"))
+        if unit_of(".".join(path.relative_to(ROOT.parent).with_suffix("").parts)) in below
+        and "lightning" in _third_party_roots(path)
+    ]
+    assert not found, f"these import the lightning package below the Lightning layer: {found}"
