@@ -56,7 +56,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.buffers.load import load_buffer
+from rb_lightning.buffers.reader import load_buffer
 from rb_lightning.buffers.state import buffer_state, restore_buffer_state
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.persist.dumps import dump_buffer

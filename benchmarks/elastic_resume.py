@@ -32,6 +32,8 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from rb_lightning.buffers.state import restore_buffer_state
 from rb_lightning.persist.beside import beside_reference, buffer_dir_for
 from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.record import BufferRecord
 
 torch.set_num_threads(1)
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -55,7 +57,8 @@ def saved_checkpoint(root: Path, ranks: int, items: int) -> tuple[dict, Path]:
         manifest = dump_buffer(
             rb, version / f"rank{rank}", extra={"rank": rank, "world_size": ranks}
         )
-    return beside_reference(buffer_dir_for(ckpt), "v1", manifest, world_size=ranks), ckpt
+    record = beside_reference(buffer_dir_for(ckpt), "v1", manifest, kind="ranks", world_size=ranks)
+    return record, ckpt
 
 
 def restore_seconds(state: dict, ckpt: Path, world_size: int, items: int, repeats: int) -> float:
@@ -64,7 +67,9 @@ def restore_seconds(state: dict, ckpt: Path, world_size: int, items: int, repeat
     for _ in range(repeats):
         rb = prioritized(capacity)
         start = time.perf_counter()
-        restore_buffer_state(rb, state, ckpt, rank=0, world_size=world_size)
+        record = BufferRecord.from_dict(state)  # as a resumed rank: decide, then restore
+        plan = plan_redistribution(record, 0, world_size)
+        restore_buffer_state(rb, record, ckpt, rank=0, redistribution=plan)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

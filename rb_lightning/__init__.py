@@ -99,8 +99,8 @@ _MOVED = {
     "rb_lightning.sources.mixture": "rb_lightning.buffers.mixture",
     "rb_lightning.checkpoint.io": "rb_lightning.lightning.checkpoint_io",
     "rb_lightning.checkpoint.state": "rb_lightning.buffers.state",
-    "rb_lightning.checkpoint.load": "rb_lightning.buffers.load",
-    "rb_lightning.checkpoint.saved": "rb_lightning.buffers.saved",
+    "rb_lightning.checkpoint.load": "rb_lightning.buffers.reader",
+    "rb_lightning.checkpoint.saved": "rb_lightning.buffers.reader",
     **{
         f"rb_lightning.checkpoint.{name}": f"rb_lightning.persist.{name}"
         for name in (

@@ -59,7 +59,9 @@ from rb_lightning.buffers.state import (
 from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
 from rb_lightning.errors import MissingKeyError, UsageError
 from rb_lightning.persist.components import ensure_generator
+from rb_lightning.persist.elastic import Redistribution
 from rb_lightning.persist.manifest import Verify
+from rb_lightning.persist.record import BufferRecord
 
 logger = logging.getLogger(__name__)
 
@@ -336,14 +338,25 @@ class BufferHandle:
             self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
         )
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
-        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first."""
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
+        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first.
+
+        ``redistribution``: deal the saved ranks' items out anew (decided once,
+        by :func:`~rb_lightning.persist.elastic.plan_redistribution`).
+        """
         return restore_buffer_state(
             self.replay_buffer,
-            state,
+            record,
             trainer.ckpt_path if trainer is not None else None,
             rank=trainer.global_rank if trainer is not None else 0,
-            world_size=trainer.world_size if trainer is not None else 1,
+            redistribution=redistribution,
             verify=verify,
         )
 
@@ -453,7 +466,14 @@ class MixtureBuffer(BufferHandle):
             self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
         )
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
         """Every member verified before any member is loaded."""
         path = trainer.ckpt_path if trainer is not None else None
-        return restore_mixture_state(self.replay_buffer, state, path, verify=verify)
+        return restore_mixture_state(self.replay_buffer, record, path, verify=verify)

@@ -24,7 +24,9 @@ from torchrl.data import ReplayBuffer
 from rb_lightning.buffers.handles import BufferHandle
 from rb_lightning.distributed.ray_checkpoint import remote_buffer_state, restore_remote_buffer_state
 from rb_lightning.errors import UsageError
+from rb_lightning.persist.elastic import Redistribution
 from rb_lightning.persist.manifest import Verify
+from rb_lightning.persist.record import BufferRecord
 from rb_lightning.stream.remote_prefetch import remote_update_priority
 
 __all__ = ["RemoteBuffer"]
@@ -71,8 +73,15 @@ class RemoteBuffer(BufferHandle):
         """The actor dumps itself beside the ``.ckpt``, on behalf of global rank 0 only."""
         return remote_buffer_state(self.replay_buffer, trainer)
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
         """Rank 0 loads the actor; every rank waits for it before sampling (collective)."""
         path = trainer.ckpt_path if trainer is not None else None
-        restore_remote_buffer_state(self.replay_buffer, state, path, trainer, verify=verify)
+        restore_remote_buffer_state(self.replay_buffer, record, path, trainer, verify=verify)
         return []

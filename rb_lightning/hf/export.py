@@ -227,7 +227,7 @@ def to_hf_dataset(
             its buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
             and snapshot-or-stream are the defaults of the arguments below); or the path of a saved buffer: a Lightning run's
             directory or ``.ckpt``, a dump (read by
-            :func:`rb_lightning.buffers.saved.open_saved_buffer`; all members or ranks
+            :func:`rb_lightning.buffers.reader.open_saved_buffer`; all members or ranks
             of a mixture or DDP checkpoint, with a ``"source"`` column).
 
     Keyword Args:
@@ -301,7 +301,7 @@ def to_hf_dataset(
     """
     require_hf()
     if isinstance(source, (str, os.PathLike)):
-        from rb_lightning.buffers.saved import open_saved_buffer
+        from rb_lightning.buffers.reader import open_saved_buffer
 
         source = open_saved_buffer(source).replay_buffer
     given = _export_defaults(source)

@@ -29,13 +29,9 @@ from typing import Any
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-from rb_lightning.persist.beside import (
-    BUFFER_DIR_SUFFIX,
-    BufferDumpRequest,
-    buffer_dir_for,
-    resolve_reference,
-)
+from rb_lightning.persist.beside import BUFFER_DIR_SUFFIX, BufferDumpRequest, buffer_dir_for
 from rb_lightning.persist.files import remove_stale_versions, sync_path
+from rb_lightning.persist.record import resolve_records_in
 
 __all__ = ["STREAM_STATE_TAG", "WEIGHTS_ONLY_STATE", "BufferCheckpointIO", "install_checkpoint_io"]
 
@@ -246,8 +242,7 @@ class BufferCheckpointIO(CheckpointIO):
             path, map_location=map_location, **_weights_only(weights_only)
         )
         checkpoint.pop(_SAVE_KEY, None)
-        for reference in _find_references(checkpoint):
-            reference["resolved"] = str(resolve_reference(reference, path))
+        resolve_records_in(checkpoint, path)
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -302,7 +297,3 @@ def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str
     for value in _nested_dicts(checkpoint):
         found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
     return found
-
-
-def _find_references(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    return [value for value in _nested_dicts(checkpoint) if value.get("location") == "beside"]

@@ -18,14 +18,9 @@ from tensordict.utils import NestedKey
 
 from rb_lightning.buffers.handles import BufferHandle
 from rb_lightning.lightning.checkpoint_io import STREAM_STATE_TAG
-from rb_lightning.persist.elastic import (
-    ResumeKeep,
-    check_resume_keep,
-    elastic_seed,
-    needs_redistribution,
-    with_resume_options,
-)
+from rb_lightning.persist.elastic import ResumeKeep, check_resume_keep, plan_redistribution
 from rb_lightning.persist.manifest import Verify
+from rb_lightning.persist.record import BufferRecord
 from rb_lightning.stream.datasets import ReplayBufferBatchDataset
 from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetcher, move_batch
 from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader, check_servable
@@ -177,7 +172,7 @@ class TrainingStream:
 
         Saved by another number of processes, the buffer's items are dealt out anew
         and this rank samples with a seed of the saved stream, its rank and the new
-        world size (:func:`~rb_lightning.persist.elastic.elastic_seed`).
+        world size (decided once: :func:`~rb_lightning.persist.elastic.plan_redistribution`).
         """
         self.state.load_state_dict(state["stream"])
         if self.rate_limiter is not None and "rate_limiter" in state:
@@ -185,11 +180,12 @@ class TrainingStream:
         saved = state.get("buffer")
         if saved is None:
             return
+        record = BufferRecord.from_dict(saved)
         rank, world_size = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
-        if needs_redistribution(saved, world_size):
-            seed = elastic_seed(state["stream"], rank, world_size)
-            saved = with_resume_options(saved, keep=self.resume_keep, seed=seed)
-        pending = buffer.load_state_dict(saved, trainer, verify=verify)
+        plan = plan_redistribution(
+            record, rank, world_size, keep=self.resume_keep, stream=state["stream"]
+        )
+        pending = buffer.load_state_dict(record, trainer, verify=verify, redistribution=plan)
         split = max(len(pending) - int(state.get("drawn_ahead", 0)), 0)
         self.state.replay_first(pending[:split])
         self._restored_draw = pending[split:]

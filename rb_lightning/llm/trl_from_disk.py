@@ -61,7 +61,7 @@ def run_model(path: str) -> Any:
 
     import transformers
 
-    from rb_lightning.buffers.load import checkpoint_path_of, read_torch_file
+    from rb_lightning.buffers.reader import checkpoint_path_of, read_torch_file
 
     file = checkpoint_path_of(path)
     if file is None:

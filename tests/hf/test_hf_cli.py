@@ -32,8 +32,7 @@ from torchrl.data import (
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
-from rb_lightning.buffers.load import load_buffer
-from rb_lightning.buffers.saved import open_saved_buffer
+from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.hf.cli import main
 from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer

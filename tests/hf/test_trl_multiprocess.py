@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 
 import trl_ranks_worker as worker  # noqa: E402
 
-from rb_lightning.buffers.load import load_buffer  # noqa: E402
+from rb_lightning.buffers.reader import load_buffer  # noqa: E402
 from rb_lightning.hf.export import to_hf_dataset  # noqa: E402
 from rb_lightning.persist.dumps import dump_buffer  # noqa: E402
 

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
-from rb_lightning.buffers.load import load_buffer
+from rb_lightning.buffers.reader import load_buffer
 from rb_lightning.buffers.state import (
     buffer_state,
     mixture_state,

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.buffers.load import load_buffer
+from rb_lightning.buffers.reader import load_buffer
 from rb_lightning.buffers.state import buffer_state
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO

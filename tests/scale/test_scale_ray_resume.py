@@ -21,7 +21,7 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, R
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.buffers.saved import open_saved_buffer
+from rb_lightning.buffers.reader import open_saved_buffer
 from rb_lightning.errors import BufferCheckpointError
 
 ray = pytest.importorskip("ray")
