@@ -41,7 +41,6 @@ from rb_lightning.stream.device_prefetch import CopyEngine
 from rb_lightning.stream.loader import LoaderOptions, batch_loader
 from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
 from rb_lightning.stream.remote_prefetch import drained
-from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.state import fit_loop_progress
 from rb_lightning.validation import (
     check_keys,
@@ -348,14 +347,19 @@ class ReplayBufferDataModule(LightningDataModule):
         )
 
     # -- export -----------------------------------------------------------------------------
-    def hf_export_defaults(self) -> dict[str, Any]:
+    def hf_export_defaults(self) -> exporters.ExportDefaults:
         """The training stream for :func:`~rb_lightning.hf.to_hf_dataset` ("auto": one pass)."""
         num_batches = self.num_batches
         if num_batches == AUTO:
             num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))
-        rb, size, min_size = self.replay_buffer, self.batch_size, self.min_size
-        stream = BufferStream(rb, size, min_size=min_size, wait_timeout=self.wait_timeout)
-        return {"stream": stream, "keys": self.keys, "num_batches": num_batches}
+        return exporters.ExportDefaults(
+            self.replay_buffer,
+            self.batch_size,
+            keys=self.keys,
+            num_batches=num_batches,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
 
     def as_hf_dataset(self, **options: Any) -> Any:
         """``to_hf_dataset(self, **options)``: the training stream for TRL (the ``hf`` extra).

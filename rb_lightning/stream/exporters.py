@@ -14,9 +14,37 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["export", "register_exporter"]
+__all__ = ["ExportDefaults", "export", "register_exporter"]
+
+
+@dataclass(frozen=True)
+class ExportDefaults:
+    """What a dataset or DataModule samples: the defaults of an export of it.
+
+    A description, not a stream: an export draws from a stream of its own (when
+    streaming) or reads the buffer in storage order (a snapshot).
+
+    Attributes:
+        replay_buffer: The buffer sampled.
+        batch_size: Items per sampling call.
+        keys: Keys kept (``None``: all).
+        num_batches: Sampling calls per pass (``None``: unbounded).
+        min_size: Items to wait for before the first draw (``None``: one).
+        wait_timeout: Seconds to wait for ``min_size``.
+        streaming: Whether the source is a stream (``False``: a pass, exported as a snapshot).
+    """
+
+    replay_buffer: Any
+    batch_size: int
+    keys: list[Any] | None = None
+    num_batches: int | None = None
+    min_size: int | None = None
+    wait_timeout: float = 600.0
+    streaming: bool = True
+
 
 _EXPORTERS: dict[str, Callable[..., Any]] = {}
 

@@ -186,17 +186,18 @@ class _TrackedBatches:
 
 
 class ResumableBatchLoader(_BatchLoader):
-    """A :func:`batch_loader` whose stream position is checkpointed state.
+    """A :func:`batch_loader` over a stream position that its owner checkpoints.
 
-    Lightning saves the train loader's ``state_dict()`` in the checkpoint and
-    hands it back to ``load_state_dict()`` on resume (so it does not warn that
-    the loader is "not resumable"). The state lives in a :class:`StreamState`
-    shared by every loader its owner builds (one per epoch with
-    ``reload_dataloaders_every_n_epochs``).
+    The position (a :class:`StreamState`, shared by every loader its owner builds:
+    one per epoch with ``reload_dataloaders_every_n_epochs``) is saved once, by the
+    owner (:class:`~rb_lightning.lightning.training.TrainingStream`, in the
+    DataModule's state, with the buffer and the batches read ahead). The loader
+    only says it is resumable (``state_dict`` / ``load_state_dict``), so Lightning
+    does not warn that a mid-epoch resume is unreliable; it stores nothing.
 
     Args:
         dataset: A :class:`ReplayBufferBatchDataset` built with ``cursor=stream.cursor``.
-        stream: The stream state this loader reports and restores.
+        stream: The stream position this loader starts from and records each batch in.
 
     Keyword Args:
         prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that starts
@@ -224,12 +225,12 @@ class ResumableBatchLoader(_BatchLoader):
         return _TrackedBatches(self.stream, super().__iter__(), replay, self.prefetcher)
 
     def state_dict(self) -> dict[str, int]:
-        """The stream position (see :meth:`StreamState.state_dict`)."""
-        return self.stream.state_dict()
+        """Nothing: the position is saved once, by the owner of :attr:`stream`."""
+        return {}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Resume the stream at a position saved by :meth:`state_dict`."""
-        self.stream.load_state_dict(state_dict)
+        """Nothing to restore: the owner restored the position (a checkpoint written before
+        the position was saved once still holds a copy here, equal to the owner's)."""
 
 
 def check_servable(buffer: BufferHandle, batch_size: int, options: LoaderOptions) -> None:
