@@ -122,3 +122,12 @@ if not any(isinstance(finder, MovedModules) for finder in _sys.meta_path):
 
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
+
+# Plugins register what they add when imported: rb_lightning.distributed the Ray-served kind
+# of buffer, rb_lightning.hf the export behind as_hf_dataset(). Both __init__ modules are
+# light (no Ray, no `datasets` until used), and every rb_lightning module imports this one
+# first, so the registrations are there before any buffer is resolved.
+from rb_lightning import distributed as _distributed  # noqa: E402
+from rb_lightning import hf as _hf  # noqa: E402
+
+del _distributed, _hf
