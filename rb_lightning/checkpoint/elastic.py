@@ -78,7 +78,7 @@ RESUME_KEEP_MODES: tuple[str, ...] = ("all", "newest")
 #: Key of the load-time options (:func:`with_resume_options`) in a buffer state being restored.
 RESUME_OPTIONS = "resume_options"
 #: Dump kinds whose items can be dealt out (the others are written by a Ray buffer's actor).
-_DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items")
+_DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items", "chunked_rows")
 
 
 def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:
