@@ -280,7 +280,11 @@ class ChunkedSave:
             chunks.update({name: record for name, record in records.items() if name in used})
             manifest = write_manifest(
                 self.staging,
-                {**self.content, "segments": [s.to_json() for s in self.segments], "chunks": chunks},
+                {
+                    **self.content,
+                    "segments": [s.to_json() for s in self.segments],
+                    "chunks": chunks,
+                },
                 self.digests,
             )
             sync_path(self.staging)

@@ -272,8 +272,10 @@ class BufferCheckpointIO(CheckpointIO):
         # Dumps are made in this thread, so no .tmp here belongs to a live save.
         for buffer_dir in directory.parent.glob(f"*{BUFFER_DIR_SUFFIX}"):
             remove_stale_versions(buffer_dir)
-        if self.incremental and _is_local(path) and self._save_chunked(
-            checkpoint, path, storage_options, directory
+        if (
+            self.incremental
+            and _is_local(path)
+            and self._save_chunked(checkpoint, path, storage_options, directory)
         ):
             return
         written = []

@@ -58,7 +58,9 @@ def _restored(path: Path, storage: type = LazyTensorStorage, **kwargs) -> Replay
 
 
 def _assert_same(restored: ReplayBuffer, rb: ReplayBuffer) -> None:
-    assert restored[torch.arange(len(rb))]["id"].tolist() == rb[torch.arange(len(rb))]["id"].tolist()
+    assert (
+        restored[torch.arange(len(rb))]["id"].tolist() == rb[torch.arange(len(rb))]["id"].tolist()
+    )
     assert restored.writer._write_count == rb.writer._write_count
     assert restored.writer._cursor == rb.writer._cursor
     for i in range(CAPACITY):
