@@ -22,6 +22,7 @@ from rb_lightning.checkpoint import (
 )
 from rb_lightning.checkpoint.chunks import collect_garbage, prepare_chunked_save
 from rb_lightning.checkpoint.manifest import CHUNKS_DIR, MANIFEST
+from rb_lightning.checkpoint.saved import open_saved_buffer
 
 CAPACITY = 64
 
@@ -180,3 +181,35 @@ def test_collection_keeps_what_live_buffers_build_on_and_stops_on_a_bad_manifest
     assert collect_garbage(store, [bad]) == []
     assert collect_garbage(store, [tmp_path / "a.ckpt.buffer" / version]) == []
     assert collect_garbage(store, []) == sorted(chunks)
+
+
+def test_elastic_resume_and_open_saved_buffer_read_a_chunked_checkpoint(tmp_path):
+    io = BufferCheckpointIO(incremental=True)
+    rb = _buffer()
+    rb.extend(_rows(CAPACITY, 0))
+    _save(io, rb, tmp_path / "a.ckpt")
+    rb.extend(_rows(24, 1000))  # wrapped: the buffer is chunks of both saves
+    rb.update_priority(torch.arange(10), torch.arange(10).float() + 1)
+    _save(io, rb, tmp_path / "last.ckpt")
+    io.teardown()
+    assert len(_manifest(tmp_path / "last.ckpt")["chunks"]) > 1
+    saved = _ids(rb)
+
+    state = BufferCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")["dm"]["buffer"]
+    shares = [_buffer() for _ in range(2)]
+    for rank, share in enumerate(shares):
+        restore_buffer_state(share, dict(state), tmp_path / "last.ckpt", rank=rank, world_size=2)
+    assert sorted(_ids(shares[0]) + _ids(shares[1])) == sorted(saved)
+    # Priorities move with their items.
+    saved_priority = {i: rb.sampler._sum_tree[row] for row, i in enumerate(saved)}
+    for share in shares:
+        for row, i in enumerate(_ids(share)):
+            assert share.sampler._sum_tree[row] == pytest.approx(saved_priority[i])
+
+    opened = open_saved_buffer(tmp_path / "last.ckpt")
+    assert _ids(opened.replay_buffer) == saved
+    assert "its buffer saved beside it" in opened.kind
+
+
+def _ids(rb: ReplayBuffer) -> list[int]:
+    return rb[torch.arange(len(rb))]["id"].tolist()
