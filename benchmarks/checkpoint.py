@@ -55,6 +55,8 @@ import logging
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -340,16 +342,18 @@ def measure_incremental(
         return {"optimizer_states": [], "dm": {"buffer": buffer_state(rb, inline_max_bytes=0)}}
 
     def resume(path: Path) -> float:
-        target = new_buffer("resumed")
+        # In a new process, as a resume is: this one's heap (every buffer and checkpoint made
+        # above) would make Python's garbage collector, not the load, the measured cost.
         os.sync()
-        start = time.perf_counter()
-        state = BufferCheckpointIO().load_checkpoint(path, weights_only=True)["dm"]["buffer"]
-        restore_buffer_state(target, state, path)
-        seconds = time.perf_counter() - start
-        assert len(target) == len(rb)
-        del target
+        probe = [sys.executable, __file__, "--resume-probe", str(path), "--probe-capacity"]
+        output = subprocess.run(
+            [*probe, str(capacity), "--dir", str(root / "resumed")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         shutil.rmtree(root / "resumed", ignore_errors=True)
-        return seconds
+        return float(output.strip().splitlines()[-1])
 
     full_dir, chunked_dir = root / "full", root / "chunked"
     full_io = BufferCheckpointIO()
@@ -413,6 +417,19 @@ def measure_incremental(
     }
 
 
+def resume_probe(args: argparse.Namespace) -> None:
+    """Print the seconds a resume of ``--resume-probe`` takes into a new memory-mapped buffer."""
+    from torchrl.data import LazyMemmapStorage
+
+    path = Path(args.resume_probe)
+    storage = LazyMemmapStorage(args.probe_capacity, scratch_dir=args.dir)
+    target = ReplayBuffer(storage=storage, generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    state = BufferCheckpointIO().load_checkpoint(path, weights_only=True)["dm"]["buffer"]
+    restore_buffer_state(target, state, path)
+    print(time.perf_counter() - start)
+
+
 def incremental_main(args: argparse.Namespace) -> None:
     sizes = [float(size) for size in args.incremental_gb.split(",")]
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="rb_ckpt_bench-") as tmp:
@@ -461,7 +478,12 @@ def main() -> None:
     parser.add_argument("--incremental-gb", default="2", help="buffer sizes, --incremental")
     parser.add_argument("--changed", type=float, default=0.01, help="rows rewritten per save")
     parser.add_argument("--saves", type=int, default=8, help="chunked saves, --incremental")
+    parser.add_argument("--resume-probe", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--probe-capacity", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.resume_probe:
+        resume_probe(args)
+        return
     if args.verification:
         verification_main(args)
         return
