@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
@@ -213,3 +214,36 @@ def test_elastic_resume_and_open_saved_buffer_read_a_chunked_checkpoint(tmp_path
 
 def _ids(rb: ReplayBuffer) -> list[int]:
     return rb[torch.arange(len(rb))]["id"].tolist()
+
+
+class _FailsOnce(TorchCheckpointIO):
+    """Lightning's CheckpointIO whose ``fail``-th ``.ckpt`` write raises (a remote store gone)."""
+
+    def __init__(self, fail: int) -> None:
+        super().__init__()
+        self.fail, self.calls = fail, 0
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.calls += 1
+        if self.calls == self.fail:
+            raise OSError("the checkpoint store went away")
+        super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+
+def test_a_background_save_that_fails_raises_at_the_next_call_and_keeps_the_last_checkpoint(
+    tmp_path,
+):
+    io = BufferCheckpointIO(_FailsOnce(fail=2), incremental=True)
+    rb = _buffer()
+    rb.extend(_rows(40, 0))
+    _save(io, rb, tmp_path / "last.ckpt")
+    rb.extend(_rows(30, 100))  # wraps
+    _save(io, rb, tmp_path / "last.ckpt")  # returns: the write fails in the writer thread
+    with pytest.raises(OSError, match="went away"):
+        io.teardown()
+    assert len(_restored(tmp_path / "last.ckpt")) == 40  # the previous checkpoint, intact
+    rb.extend(_rows(5, 200))
+    _save(io, rb, tmp_path / "last.ckpt")  # builds on the failed save's published chunks
+    io.teardown()
+    assert _manifest(tmp_path / "last.ckpt")["changed_rows"] == 5
+    _assert_same(_restored(tmp_path / "last.ckpt"), rb)
