@@ -46,6 +46,14 @@ Run from the repository root::
     python benchmarks/checkpoint.py --rl-items 100000 --token-items 10000   # quick
     python benchmarks/checkpoint.py --verification --verify-mb 100,1000   # about 3 minutes
     python benchmarks/checkpoint.py --incremental --incremental-gb 0.5,2  # about 3 minutes
+    python benchmarks/checkpoint.py --main-job --main-steps 2000          # about 2 minutes
+
+``--main-job`` runs the main job's setup (``configs/cartpole_dqn.yaml``: DQN, a
+prioritized buffer of 1,000 transitions, 16 CartPoles collected every 128 steps) for
+``--main-steps`` steps with ``last.ckpt`` saved every 100 steps, once as today (the
+buffer inside the ``.ckpt``) and once chunked (``checkpoint_inline_max_bytes=0``,
+``BufferCheckpointIO(incremental=True)``), and reports the training thread's stall per
+save (the time Lightning's ``ModelCheckpoint`` spends saving) and its share of the run.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -417,6 +426,79 @@ def measure_incremental(
     }
 
 
+def main_job_stalls(steps: int, incremental: bool, root: Path) -> dict[str, float]:
+    """Stall per save and share of the fit of the main job's setup, saving every 100 steps."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torchrl.data import PrioritizedSampler, TensorDictReplayBuffer
+
+    from rb_lightning import ReplayBufferDataModule
+    from rb_lightning.rl import DQN, OnlineCollector, TorchThreads
+
+    stalls: list[float] = []
+
+    class TimedCheckpoint(ModelCheckpoint):
+        def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+            start = time.perf_counter()
+            super()._save_checkpoint(trainer, filepath)
+            stalls.append(time.perf_counter() - start)
+
+    L.seed_everything(0)
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(1000), sampler=PrioritizedSampler(1000, alpha=0.6, beta=0.4)
+    )
+    model = DQN(
+        4, 2, hidden_sizes=[128], activation="relu", td_loss="mse", lr=0.01, gamma=0.99,
+        double_dqn=False, target_update_interval=10, tau=1.0, eps_start=1.0, eps_end=0.01,
+        eps_decay_steps=1000,
+    )  # fmt: skip
+    collector = OnlineCollector(
+        "CartPole-v1", env_kwargs={"categorical_action_encoding": True}, num_envs=16,
+        init_random_frames=1000, frames_per_step=256, every_n_steps=128, return_window=10,
+        n_steps=3, keys=["observation", "action", ("next", "observation"),
+                         ("next", "reward"), ("next", "terminated"), "steps_to_next_obs"],
+    )  # fmt: skip
+    checkpoint = TimedCheckpoint(
+        dirpath=root / "main-job", save_last=True, save_top_k=0, every_n_train_steps=100
+    )
+    trainer = L.Trainer(
+        max_steps=steps, limit_train_batches=100, max_epochs=-1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=0, callbacks=[TorchThreads(1), collector, checkpoint],
+        plugins=[BufferCheckpointIO(incremental=True)] if incremental else None,
+    )  # fmt: skip
+    datamodule = ReplayBufferDataModule(
+        buffer, batch_size=16, num_batches=None,
+        checkpoint_inline_max_bytes=0 if incremental else 64 * 1024**2,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=datamodule)
+    wall = time.perf_counter() - start
+    shutil.rmtree(root / "main-job", ignore_errors=True)
+    return {
+        "saves": len(stalls),
+        "stall": statistics.median(stalls),
+        "stall max": max(stalls),
+        "share": sum(stalls) / wall,
+        "wall": wall,
+    }
+
+
+def main_job_main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="rb_ckpt_bench-") as tmp:
+        rows = {
+            "today (inside the .ckpt)": main_job_stalls(args.main_steps, False, Path(tmp)),
+            "chunked, in the background": main_job_stalls(args.main_steps, True, Path(tmp)),
+        }
+    print(f"main job's setup, {args.main_steps} steps, last.ckpt every 100 steps")
+    print("| save | saves | stall per save ms (max) | share of the run | run s |")
+    print("|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(
+            f"| {name} | {r['saves']:.0f} | {1000 * r['stall']:.1f} ({1000 * r['stall max']:.1f}) "
+            f"| {r['share']:.2%} | {r['wall']:.1f} |"
+        )
+
+
 def resume_probe(args: argparse.Namespace) -> None:
     """Print the seconds a resume of ``--resume-probe`` takes into a new memory-mapped buffer."""
     from torchrl.data import LazyMemmapStorage
@@ -478,6 +560,8 @@ def main() -> None:
     parser.add_argument("--incremental-gb", default="2", help="buffer sizes, --incremental")
     parser.add_argument("--changed", type=float, default=0.01, help="rows rewritten per save")
     parser.add_argument("--saves", type=int, default=8, help="chunked saves, --incremental")
+    parser.add_argument("--main-job", action="store_true", help="stall of the main job's saves")
+    parser.add_argument("--main-steps", type=int, default=2000, help="steps, --main-job")
     parser.add_argument("--resume-probe", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--probe-capacity", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -489,6 +573,9 @@ def main() -> None:
         return
     if args.incremental:
         incremental_main(args)
+        return
+    if args.main_job:
+        main_job_main(args)
         return
 
     fills = [float(f) for f in args.fills.split(",")]
