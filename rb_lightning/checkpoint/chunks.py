@@ -96,11 +96,15 @@ __all__ = [
 #: The kind a chunked save's manifest records (:mod:`rb_lightning.checkpoint.kinds`).
 CHUNKED_KIND = "chunked_rows"
 #: A first (full) save is cut into chunks of at most ``capacity / _PIECES`` rows, so that a
-#: chunk of it is freed once the writer has passed it, not after a whole lap.
+#: chunk of it is freed once the writer has passed it, not after a whole lap; but of at
+#: least ``_PIECE_MIN_BYTES`` (each chunk costs a few files and milliseconds to load).
 _PIECES = 64
-#: Changed rows up to this fraction of the capacity are copied into memory in the training
-#: thread and written later; more are written to their chunk files at once (no second copy).
+_PIECE_MIN_BYTES = 4 * 1024**2
+#: Changed rows up to this fraction of the capacity (or up to ``_COPY_MIN_BYTES``) are
+#: copied into memory in the training thread and written later; more are written to their
+#: chunk files at once (no second copy of most of the buffer in memory).
 _COPY_MAX_FRACTION = 0.25
+_COPY_MIN_BYTES = 64 * 1024**2
 _STORAGES = (TensorStorage, LazyTensorStorage, LazyMemmapStorage)
 _WRITERS = (RoundRobinWriter, TensorDictRoundRobinWriter)
 
@@ -224,8 +228,8 @@ def _ring_ranges(cursor: int, count: int, capacity: int) -> list[tuple[int, int]
     return [(cursor, capacity), (0, cursor + count - capacity)]
 
 
-def _full_ranges(length: int, capacity: int) -> list[tuple[int, int]]:
-    step = max(1, -(-capacity // _PIECES))
+def _full_ranges(length: int, capacity: int, row_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, -(-capacity // _PIECES), -(-_PIECE_MIN_BYTES // max(1, row_bytes)))
     return [(start, min(start + step, length)) for start in range(0, length, step)]
 
 
@@ -357,12 +361,12 @@ def prepare_chunked_save(
     capacity, length = storage.max_size, len(storage)
     write_count = int(torchrl_compat.write_count(replay_buffer) or 0)
     base = _usable_base(replay_buffer, store)
+    row_bytes = _row_bytes(storage)
     if base is None:
-        ranges = _full_ranges(length, capacity)
+        ranges = _full_ranges(length, capacity, row_bytes)
     else:
         ranges = _ring_ranges(base.cursor, write_count - base.write_count, capacity)
     changed = sum(stop - start for start, stop in ranges)
-    row_bytes = _row_bytes(storage)
     check_disk_space(store, changed * row_bytes, inline=False)
 
     version = uuid.uuid4().hex
@@ -382,7 +386,7 @@ def prepare_chunked_save(
                 )
             digests.add_written(on_host(batch).memmap(staging / PENDING_DIR / str(number)))
         check_plain_files(staging, written=True)
-        copy = changed <= _COPY_MAX_FRACTION * capacity
+        copy = changed <= _COPY_MAX_FRACTION * capacity or changed * row_bytes <= _COPY_MIN_BYTES
         new: list[Segment] = []
         tensor_rows = isinstance(torchrl_compat.storage_content(storage), torch.Tensor)
         for start, stop in ranges:
@@ -448,13 +452,18 @@ def load_chunked_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[st
     storage = replay_buffer.storage
     store = chunk_store_of(root)
     opened: dict[str, TensorDictBase] = {}
+    layout: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]] | None = None
     rows: Any = None
     try:
         replay_buffer.empty()
         with torchrl_compat.overwriting_scratch_files(storage):
             for start, stop, chunk, offset in manifest["segments"]:
                 if chunk not in opened:
-                    opened[chunk] = TensorDict.load_memmap(store / chunk, allow_pickle=False)
+                    if layout is None:
+                        opened[chunk] = TensorDict.load_memmap(store / chunk, allow_pickle=False)
+                        layout = _tensor_layout(opened[chunk])
+                    else:
+                        opened[chunk] = _open_chunk(store / chunk, layout)
                 rows = opened[chunk][offset : offset + stop - start]
                 if manifest["tensor_rows"]:
                     rows = rows[TENSOR_ROWS]
@@ -472,6 +481,45 @@ def load_chunked_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[st
             segments=tuple(Segment(*segment) for segment in manifest["segments"]),
             chunks=dict(manifest["chunks"]),
         )
+
+
+def _tensor_layout(
+    rows: TensorDictBase,
+) -> dict[tuple[str, ...], tuple[torch.dtype, torch.Size]] | None:
+    """Key -> (dtype, shape of one row) of a chunk whose leaves are all tensors, else ``None``."""
+    layout = {}
+    for key, leaf in rows.items(include_nested=True, leaves_only=True):
+        if type(leaf).__name__ not in ("MemoryMappedTensor", "Tensor"):
+            return None  # strings and other non-tensor data: read through TensorDict
+        parts = (key,) if isinstance(key, str) else tuple(key)
+        layout[parts] = (leaf.dtype, leaf.shape[1:])
+    return layout
+
+
+def _open_chunk(
+    root: Path, layout: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]] | None
+) -> TensorDictBase:
+    """A chunk's rows mapped from its files (verified already), without TensorDict's metadata.
+
+    Every chunk of a save holds the same columns, so after the first (read by
+    ``TensorDict.load_memmap``) the others are mapped straight from their ``.memmap``
+    files: reading each one's JSON metadata cost more than copying its rows.
+    """
+    if layout is None:
+        return TensorDict.load_memmap(root, allow_pickle=False)
+    leaves = {}
+    length = None
+    for parts, (dtype, row_shape) in layout.items():
+        path = root.joinpath(*parts[:-1], f"{parts[-1]}.memmap")
+        row_numel = max(1, row_shape.numel())
+        numel = path.stat().st_size // (row_numel * dtype.itemsize)
+        tensor = torch.from_file(str(path), shared=False, size=numel * row_numel, dtype=dtype)
+        leaves[parts] = tensor.view(numel, *row_shape)
+        length = numel if length is None else min(length, numel)
+    rows = TensorDict(batch_size=[length or 0])
+    for parts, tensor in leaves.items():
+        rows.set(parts if len(parts) > 1 else parts[0], tensor)
+    return rows
 
 
 def collect_garbage(store: str | os.PathLike, version_dirs: Iterable[Path]) -> list[str]:

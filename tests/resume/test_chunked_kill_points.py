@@ -72,13 +72,13 @@ def _changes(root: Path, event: str, args: tuple) -> bool:
     return event in _CHANGES
 
 
-def _setup(root: Path) -> tuple[ReplayBuffer, dict[str, list[int]]]:
+def _setup(root: Path) -> tuple[ReplayBuffer, dict]:
     """``old.ckpt`` (8 rows) and ``last.ckpt`` (48 rows) in ``root``; the buffer that saved them."""
     io = BufferCheckpointIO(incremental=True, background=False)  # no thread before the fork
     rb = _buffer()
     rb.extend(_rows(8, 0))
     _save(io, rb, root / "old.ckpt")
-    saved = {"old": _ids(rb)}
+    saved: dict = {"old": _ids(rb), "old chunks": _listed_chunks(root)}
     rb.extend(_rows(40, 100))
     rb.update_priority(torch.arange(5), torch.full((5,), 3.0))
     _save(io, rb, root / "last.ckpt")
@@ -107,7 +107,7 @@ def _save_in_child(root: Path, rb: ReplayBuffer, kill_at: int) -> int:
 
             sys.addaudithook(hook)
             io = BufferCheckpointIO(incremental=True)  # the writer thread starts here
-            rb.extend(_rows(20, 200))  # wraps: rows 48-63 and 0-3
+            rb.extend(_rows(24, 200))  # wraps: rows 48-63 and 0-7, all of old.ckpt's rows
             rb.update_priority(torch.arange(30, 35), torch.full((5,), 2.0))
             _save(io, rb, root / "last.ckpt")
             io.remove_checkpoint(root / "old.ckpt")  # waits for the save, as rotation does
@@ -133,6 +133,10 @@ def _loaded_ids(path: Path) -> list[int]:
     return _ids(target)
 
 
+def _stored_chunks(root: Path) -> set[str]:
+    return {p.name for p in (root / CHUNKS_DIR).iterdir()}
+
+
 def _listed_chunks(root: Path) -> set[str]:
     """Chunks the buffers of the checkpoints in ``root`` list (a buffer without its .ckpt: none)."""
     listed: set[str] = set()
@@ -152,8 +156,9 @@ def test_a_chunked_save_killed_before_any_of_its_steps_leaves_old_or_new(tmp_pat
     assert new != saved["last"] and len(new) == CAPACITY
     del rb
     gc.collect()
-    # The rotation deleted the chunks only old.ckpt listed (rows 0-3 were rewritten).
-    assert {p.name for p in (reference / CHUNKS_DIR).iterdir()} == _listed_chunks(reference)
+    # The rotation deleted the chunk only old.ckpt listed (its rows 0-7 were rewritten).
+    assert saved["old chunks"] and not saved["old chunks"] & _stored_chunks(reference)
+    assert _stored_chunks(reference) == _listed_chunks(reference)
     assert steps >= 10, "fewer filesystem changes than chunks, a manifest, a rename and a .ckpt"
 
     outcomes = []
@@ -179,7 +184,7 @@ def test_a_chunked_save_killed_before_any_of_its_steps_leaves_old_or_new(tmp_pat
         io = BufferCheckpointIO(incremental=True, background=False)
         _save(io, again, root / "last.ckpt")
         assert _loaded_ids(root / "last.ckpt") == [500, 501, 502]
-        assert {p.name for p in (root / CHUNKS_DIR).iterdir()} == _listed_chunks(root), (
+        assert _stored_chunks(root) == _listed_chunks(root), (
             f"killed before change {kill_at}: chunks left or lost"
         )
         assert len(list((root / "last.ckpt.buffer").iterdir())) == 1
