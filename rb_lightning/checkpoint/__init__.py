@@ -22,6 +22,11 @@ permutation) and the sampling generator. The package, by job:
   ``.ckpt``, larger ones written beside it as ``<ckpt>.buffer/<version>/`` by
   :class:`BufferCheckpointIO`, before the ``.ckpt`` and removed with it;
   :mod:`~rb_lightning.checkpoint.beside` holds the requests and references);
+* :mod:`~rb_lightning.checkpoint.chunks`: chunked saves (``BufferCheckpointIO(incremental=True)``):
+  each save writes the rows written since the previous one as chunks shared by the
+  checkpoints of a directory, a manifest lists the chunks that make up the buffer, and
+  chunks no kept checkpoint lists are deleted; :mod:`~rb_lightning.checkpoint.background_save`
+  is the one writer thread that finishes such saves while training goes on;
 * :mod:`~rb_lightning.checkpoint.load`: reading a saved buffer back from a
   dump, a ``.ckpt`` or a run directory (:func:`load_buffer`);
 * :mod:`~rb_lightning.checkpoint.elastic`: per-rank buffers of a DDP run resumed on
