@@ -75,15 +75,12 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointIO,
-    buffer_state,
-    dump_buffer,
-    load_buffer,
-    read_manifest,
-    restore_buffer_state,
-    write_version,
-)
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.files import write_version
+from rb_lightning.persist.manifest import read_manifest
 
 torch.set_num_threads(1)
 logging.getLogger("torchrl").setLevel(logging.WARNING)

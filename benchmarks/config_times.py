@@ -59,8 +59,14 @@ JOBS = {
         "to the goal, seed 0",
         setup=[
             _demo_policy(),
-            [sys.executable, "-m", "rb_lightning.rl.make_cartpole_demos", "runs/cartpole_demos",
-             "--checkpoint", "runs/cartpole_demo_policy/version_0/checkpoints/last.ckpt"],
+            [
+                sys.executable,
+                "-m",
+                "rb_lightning.rl.make_cartpole_demos",
+                "runs/cartpole_demos",
+                "--checkpoint",
+                "runs/cartpole_demo_policy/version_0/checkpoints/last.ckpt",
+            ],
         ],  # fmt: skip
     ),
     "llm_sft": Job("1,000 steps"),
@@ -71,7 +77,9 @@ JOBS = {
     ),
     "offline_from_disk": Job(
         "300 steps",
-        setup=[[sys.executable, "-m", "rb_lightning.llm.make_offline_buffer", "runs/offline_buffer"]],
+        setup=[
+            [sys.executable, "-m", "rb_lightning.llm.make_offline_buffer", "runs/offline_buffer"]
+        ],
     ),
 }
 

@@ -7,7 +7,7 @@ buffers have wrapped, as a long run's have), written as a checkpoint writes them
 new rank (rank 0) into a fresh buffer, as ``ReplayBufferDataModule.load_state_dict`` does it
 (``restore_buffer_state`` with ``verify="full"``): with the saved number of ranks each rank
 reads its own dump; with another, every rank reads all of them and keeps its share
-(:mod:`rb_lightning.checkpoint.elastic`). Medians of ``--repeats`` runs, page cache warm.
+(:mod:`rb_lightning.persist.elastic`). Medians of ``--repeats`` runs, page cache warm.
 
 Run from the repository root::
 
@@ -29,8 +29,11 @@ from checkpoint import rl_items  # benchmarks/checkpoint.py: the same transition
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning.checkpoint import buffer_dir_for, dump_buffer, restore_buffer_state
-from rb_lightning.checkpoint.beside import beside_reference
+from rb_lightning.buffers.state import restore_buffer_state
+from rb_lightning.persist.beside import beside_reference, buffer_dir_for
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.record import BufferRecord
 
 torch.set_num_threads(1)
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -54,7 +57,8 @@ def saved_checkpoint(root: Path, ranks: int, items: int) -> tuple[dict, Path]:
         manifest = dump_buffer(
             rb, version / f"rank{rank}", extra={"rank": rank, "world_size": ranks}
         )
-    return beside_reference(buffer_dir_for(ckpt), "v1", manifest, world_size=ranks), ckpt
+    record = beside_reference(buffer_dir_for(ckpt), "v1", manifest, kind="ranks", world_size=ranks)
+    return record, ckpt
 
 
 def restore_seconds(state: dict, ckpt: Path, world_size: int, items: int, repeats: int) -> float:
@@ -63,7 +67,9 @@ def restore_seconds(state: dict, ckpt: Path, world_size: int, items: int, repeat
     for _ in range(repeats):
         rb = prioritized(capacity)
         start = time.perf_counter()
-        restore_buffer_state(rb, state, ckpt, rank=0, world_size=world_size)
+        record = BufferRecord.from_dict(state)  # as a resumed rank: decide, then restore
+        plan = plan_redistribution(record, 0, world_size)
+        restore_buffer_state(rb, record, ckpt, rank=0, redistribution=plan)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

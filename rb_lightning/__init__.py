@@ -9,24 +9,26 @@ when called.
 Examples:
     >>> import rb_lightning
     >>> rb_lightning.ReplayBufferDataModule.__module__
-    'rb_lightning.datamodule'
+    'rb_lightning.lightning.datamodule'
 """
 
 from __future__ import annotations
 
+import sys as _sys
 from typing import TYPE_CHECKING
 
-from rb_lightning.namespaces import lazy_names
+from rb_lightning.namespaces import MovedModules, lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rb_lightning.datamodule import ReplayBufferDataModule
+    from rb_lightning.buffers.mixture import SOURCE_KEY, BufferMixture
     from rb_lightning.errors import RBLightningError, UsageError
     from rb_lightning.hf.export import to_hf_dataset
     from rb_lightning.hf.load import from_hf_dataset
+    from rb_lightning.lightning.datamodule import ReplayBufferDataModule
     from rb_lightning.runs.progress import StepProgressBar
     from rb_lightning.runs.report import RunReport
     from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger
-    from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture, FillMembers
+    from rb_lightning.sources.fill_members import FillMembers
     from rb_lightning.stream.datasets import (
         ReplayBufferBatchDataset,
         ReplayBufferDataset,
@@ -38,14 +40,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "BufferMixture": "rb_lightning.sources.mixture",
+    "BufferMixture": "rb_lightning.buffers.mixture",
     "BufferStream": "rb_lightning.stream.sampling",
-    "FillMembers": "rb_lightning.sources.mixture",
-    "SOURCE_KEY": "rb_lightning.sources.mixture",
+    "FillMembers": "rb_lightning.sources.fill_members",
+    "SOURCE_KEY": "rb_lightning.buffers.mixture",
     "FinalLastCheckpoint": "rb_lightning.runs.run_files",
     "SAMPLER_INFO_KEYS": "rb_lightning.stream.sampling",
     "ReplayBufferBatchDataset": "rb_lightning.stream.datasets",
-    "ReplayBufferDataModule": "rb_lightning.datamodule",
+    "ReplayBufferDataModule": "rb_lightning.lightning.datamodule",
     "ReplayBufferDataset": "rb_lightning.stream.datasets",
     "ReplayBufferPassDataset": "rb_lightning.stream.datasets",
     "RunLogger": "rb_lightning.runs.run_files",
@@ -85,5 +87,47 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+#: Modules that moved when the package was laid out in layers (docs/layout.md): the old
+#: paths import the new modules until the next release.
+_MOVED = {
+    "rb_lightning.datamodule": "rb_lightning.lightning.datamodule",
+    "rb_lightning.trainer_switches": "rb_lightning.lightning.trainer_switches",
+    "rb_lightning.stream.training": "rb_lightning.lightning.training",
+    "rb_lightning.stream.spawn": "rb_lightning.lightning.spawn",
+    "rb_lightning.stream.handles": "rb_lightning.buffers.handles",
+    "rb_lightning.stream.priorities": "rb_lightning.buffers.priorities",
+    "rb_lightning.sources.mixture": "rb_lightning.buffers.mixture",
+    "rb_lightning.checkpoint.io": "rb_lightning.lightning.checkpoint_io",
+    "rb_lightning.checkpoint.state": "rb_lightning.buffers.state",
+    "rb_lightning.checkpoint.load": "rb_lightning.buffers.reader",
+    "rb_lightning.checkpoint.saved": "rb_lightning.buffers.reader",
+    **{
+        f"rb_lightning.checkpoint.{name}": f"rb_lightning.persist.{name}"
+        for name in (
+            "adapter",
+            "beside",
+            "build",
+            "components",
+            "dumps",
+            "elastic",
+            "files",
+            "kinds",
+            "manifest",
+            "mismatch",
+        )
+    },
+}
+if not any(isinstance(finder, MovedModules) for finder in _sys.meta_path):
+    _sys.meta_path.insert(0, MovedModules(_MOVED))
+
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
+
+# Plugins register what they add when imported: rb_lightning.distributed the Ray-served kind
+# of buffer, rb_lightning.hf the export behind as_hf_dataset(). Both __init__ modules are
+# light (no Ray, no `datasets` until used), and every rb_lightning module imports this one
+# first, so the registrations are there before any buffer is resolved.
+from rb_lightning import distributed as _distributed  # noqa: E402
+from rb_lightning import hf as _hf  # noqa: E402
+
+del _distributed, _hf

@@ -23,10 +23,14 @@ __all__ = [
     "ConfigError",
     "InvalidPriorityError",
     "MissingKeyError",
+    "NotASavedBufferError",
     "NotEnoughDiskSpaceError",
     "PathNotFoundError",
+    "PickleRefusedError",
     "RBLightningError",
     "SampleTimeoutError",
+    "SavedBufferError",
+    "SavedBufferSelectionError",
     "SourceError",
     "UsageError",
 ]
@@ -142,6 +146,27 @@ class BufferCheckpointError(RBLightningError, RuntimeError):
 
 class NotEnoughDiskSpaceError(BufferCheckpointError):
     """The filesystem a buffer dump goes to has less free space than the dump needs."""
+
+
+class SavedBufferError(UsageError, BufferCheckpointError):
+    """An argument of the saved-buffer reader does not fit what it names (``err.argument``).
+
+    The reader (``load_buffer``, ``open_saved_buffer``, ``to_hf_dataset(path)``,
+    ``rb-lightning-export-hf``) raises one subclass per mistake, whichever of
+    them was called. A damaged saved buffer is a plain :class:`BufferCheckpointError`.
+    """
+
+
+class NotASavedBufferError(SavedBufferError):
+    """``path`` does not exist, or holds no saved replay buffer (says what it holds)."""
+
+
+class SavedBufferSelectionError(SavedBufferError):
+    """``member`` / ``rank`` is missing, unknown, or names a part the saved buffer does not have."""
+
+
+class PickleRefusedError(SavedBufferError):
+    """A file holds pickled objects, which are read only with ``allow_pickle=True``."""
 
 
 class InvalidPriorityError(RBLightningError, ValueError):

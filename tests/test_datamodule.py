@@ -211,11 +211,11 @@ def test_unbounded_stream_error_comes_at_setup(tensor_rb):
 def test_workers_make_a_tensor_storage_buffer_shared_and_say_so(caplog):
     rb = ReplayBuffer(storage=LazyTensorStorage(100))
     rb.extend(make_transitions(10))
-    with caplog.at_level("INFO", logger="rb_lightning.stream.handles"):
+    with caplog.at_level("INFO", logger="rb_lightning.buffers.handles"):
         ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=0).setup("fit")
     assert not rb.shared and "rb.share()" not in caplog.text
 
-    with caplog.at_level("INFO", logger="rb_lightning.stream.handles"):
+    with caplog.at_level("INFO", logger="rb_lightning.buffers.handles"):
         dm = ReplayBufferDataModule(rb, batch_size=4, num_batches=None, num_workers=2)
         assert not rb.shared  # building the DataModule changes nothing: setup does
         dm.setup("fit")

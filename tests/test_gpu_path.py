@@ -37,11 +37,29 @@ from rb_lightning.errors import UsageError
 from rb_lightning.stream.device_prefetch import (
     CudaStreamCopy,
     DevicePrefetcher,
-    SyncCopy,
     check_device_storage,
 )
 
 CUDA = torch.cuda.is_available()
+
+
+class SyncCopy:
+    """CPU stand-in for :class:`CudaStreamCopy`: copies in ``start``, on the calling thread.
+
+    The result is always a new batch (``clone`` when the batch is already on ``device``),
+    as a real transfer would give, so the consumer never holds the loader's object.
+
+    """
+
+    def start(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
+        """Copy now; the ticket is the copy."""
+        return batch.clone() if batch.device == device else batch.to(device)
+
+    def finish(self, ticket: TensorDictBase) -> TensorDictBase:
+        """The copy made by :meth:`start`."""
+        return ticket
+
+
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 

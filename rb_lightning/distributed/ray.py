@@ -39,13 +39,13 @@ from typing import Any
 
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
 
-from rb_lightning.errors import SampleTimeoutError, UsageError
-from rb_lightning.stream.priorities import (
+from rb_lightning.buffers.priorities import (
     InvalidPriority,
     check_invalid_priority_mode,
     check_priority,
     current_max_priority,
 )
+from rb_lightning.errors import SampleTimeoutError, UsageError
 from rb_lightning.stream.remote_prefetch import (
     DEFAULT_BATCHES_PER_REQUEST,
     DEFAULT_REQUESTS_IN_FLIGHT,
@@ -145,7 +145,7 @@ class RayReplayBufferView(RayReplayBuffer):
     def update_priority(self, index: Any, priority: Any) -> None:
         """Send new priorities to the shared sampler, refusing NaN, inf and negative ones.
 
-        See :func:`rb_lightning.stream.priorities.check_priority`.
+        See :func:`rb_lightning.buffers.priorities.check_priority`.
         """
         priority = check_priority(
             priority,

@@ -24,18 +24,19 @@ from typing import Any
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.checkpoint.beside import BufferDumpRequest, beside_reference, resolve_reference
-from rb_lightning.checkpoint.build import build_record, compare_builds
-from rb_lightning.checkpoint.files import remove_stale_versions, write_version
-from rb_lightning.checkpoint.io import install_checkpoint_io
-from rb_lightning.checkpoint.kinds import actor_dump_kind
-from rb_lightning.checkpoint.manifest import (
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import install_checkpoint_io
+from rb_lightning.persist.beside import BufferDumpRequest, beside_reference
+from rb_lightning.persist.build import build_record, compare_builds
+from rb_lightning.persist.files import remove_stale_versions, write_version
+from rb_lightning.persist.kinds import actor_dump_kind
+from rb_lightning.persist.manifest import (
     Verify,
     check_plain_files,
     read_manifest,
     write_manifest,
 )
-from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.record import BufferRecord, RecordKind
 
 __all__ = [
     "RemoteDumpRequest",
@@ -134,8 +135,8 @@ class RemoteDumpRequest(BufferDumpRequest):
     shared buffer is written once per checkpoint, whatever the number of ranks.
     The one request of every actor-served buffer: ``dump`` writes a new version
     directory and returns its manifest (default: :func:`dump_remote_buffer`, one
-    actor); ``mark`` is the reference's flag that tells on resume which kind of
-    actor dump it is (``"remote"``; a ``ShardedRayReplayBuffer``'s ``"sharded"``);
+    actor); ``kind`` is the record's kind, which tells on resume which kind of
+    actor dump it is (``"actor"``; a ``ShardedRayReplayBuffer``'s ``"shards"``);
     ``what`` names the buffer in the error raised when the request is pickled.
 
     Examples:
@@ -152,19 +153,19 @@ class RemoteDumpRequest(BufferDumpRequest):
         replay_buffer: ReplayBuffer,
         dump: Callable[[Path], dict[str, Any]] | None = None,
         *,
-        mark: str = "remote",
+        kind: RecordKind = "actor",
         what: str = "Ray replay buffer",
     ) -> None:
         super().__init__(replay_buffer)
         self.dump = dump or (lambda path: dump_remote_buffer(self.replay_buffer, path))
-        self.mark, self.what = mark, what
+        self.kind, self.what = kind, what
 
     def write(self, directory: Path) -> dict[str, Any]:
         """Dump into ``directory/<version>.tmp`` (by the actors), rename; return the reference."""
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_versions(directory)
         version, manifest = write_version(directory, self.dump)
-        return beside_reference(directory, version, manifest, **{self.mark: True})
+        return beside_reference(directory, version, manifest, kind=self.kind)
 
     def __reduce__(self) -> Any:
         raise BufferCheckpointError(
@@ -184,18 +185,18 @@ def remote_buffer_state(
     of the Lightning run (whichever process created the actor). Its request
     (``request``, default ``RemoteDumpRequest(replay_buffer)``) is carried out by
     :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which Lightning calls on
-    rank 0 only; other ranks return a placeholder (``location="remote"``; their
+    rank 0 only; other ranks return a placeholder (kind ``"elsewhere"``; their
     checkpoint dict is not saved).
     """
     if trainer is not None and trainer.global_rank != 0:
-        return {"location": "remote", "saved_by_rank": 0}
+        return BufferRecord(kind="elsewhere").to_dict()
     install_checkpoint_io(trainer)
     return RemoteDumpRequest(replay_buffer) if request is None else request
 
 
 def restore_remote_buffer_state(
     replay_buffer: ReplayBuffer,
-    state: dict[str, Any],
+    record: BufferRecord,
     checkpoint_path: str | os.PathLike | None,
     trainer: Any,
     *,
@@ -205,22 +206,22 @@ def restore_remote_buffer_state(
 
     Call on every rank (it is collective under DDP): no rank samples the shared
     buffer before it holds the checkpoint's content, and an error on rank 0
-    stops every rank. The placeholder of a rank other than 0
-    (``location="remote"``) restores nothing.
+    stops every rank. The placeholder of a rank other than 0 (kind
+    ``"elsewhere"``) restores nothing.
     """
 
     def load() -> None:
-        if state.get("location") != "beside" or not state.get("remote"):
+        if record.kind != "actor":
             raise BufferCheckpointError(_WRONG_KIND.format(where=""))
-        load_remote_buffer(replay_buffer, resolve_reference(state, checkpoint_path), verify=verify)
+        load_remote_buffer(replay_buffer, record.directory(checkpoint_path), verify=verify)
 
-    restore_on_rank_zero(state, trainer, load, what="Ray replay buffer")
+    restore_on_rank_zero(record, trainer, load, what="Ray replay buffer")
 
 
 def restore_on_rank_zero(
-    state: dict[str, Any], trainer: Any, load: Callable[[], None], *, what: str
+    record: BufferRecord, trainer: Any, load: Callable[[], None], *, what: str
 ) -> None:
-    """Rank 0 runs ``load`` (unless ``state`` is another rank's placeholder); all ranks agree.
+    """Rank 0 runs ``load`` (unless ``record`` is another rank's placeholder); all ranks agree.
 
     Collective under DDP: every rank reaches the same decision, so an error on rank 0
     stops every rank instead of leaving the others waiting or training on the wrong
@@ -229,7 +230,7 @@ def restore_on_rank_zero(
     rank = trainer.global_rank if trainer is not None else 0
     world_size = trainer.world_size if trainer is not None else 1
     error: BaseException | None = None
-    if rank == 0 and state.get("location") != "remote":
+    if rank == 0 and record.kind != "elsewhere":
         try:
             load()
         except Exception as caught:  # every rank must reach the decision below, or all hang

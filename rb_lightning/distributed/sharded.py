@@ -51,17 +51,18 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.checkpoint.beside import resolve_reference
-from rb_lightning.checkpoint.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.buffers.priorities import InvalidPriority, check_priority
 from rb_lightning.distributed.ray_checkpoint import (
     RemoteDumpRequest,
     remote_buffer_state,
     restore_on_rank_zero,
 )
+from rb_lightning.distributed.remote_handle import RemoteBuffer
 from rb_lightning.distributed.shard_actor import shard_actor_class
 from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
-from rb_lightning.stream.handles import RemoteBuffer
-from rb_lightning.stream.priorities import InvalidPriority, check_priority
+from rb_lightning.persist.elastic import Redistribution
+from rb_lightning.persist.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.persist.record import BufferRecord
 from rb_lightning.validation import check_positive_int
 
 __all__ = [
@@ -503,7 +504,7 @@ class ShardedBuffer(RemoteBuffer):
 
     Example (not run: needs Ray)::
 
-        from rb_lightning.stream.handles import resolve_buffer
+        from rb_lightning.buffers.handles import resolve_buffer
         handle = resolve_buffer(ShardedRayReplayBuffer(1_000, num_shards=2))
         type(handle).__name__    # 'ShardedBuffer'
     """
@@ -532,9 +533,16 @@ class ShardedBuffer(RemoteBuffer):
         """Every shard, dumped by its actor beside the ``.ckpt`` on behalf of global rank 0."""
         return sharded_state(self.replay_buffer, trainer)
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
         """Rank 0 loads the shards (onto this buffer's number of shards); every rank waits."""
-        restore_sharded_state(self.replay_buffer, state, trainer, verify=verify)
+        restore_sharded_state(self.replay_buffer, record, trainer, verify=verify)
         return []
 
 
@@ -564,26 +572,26 @@ def sharded_state(replay_buffer: ShardedRayReplayBuffer, trainer: Any) -> Any:
     request = RemoteDumpRequest(
         replay_buffer,
         lambda path: dump_shards(replay_buffer, path),
-        mark="sharded",
+        kind="shards",
         what="ShardedRayReplayBuffer",
     )
     return remote_buffer_state(replay_buffer, trainer, request)
 
 
 def restore_sharded_state(
-    replay_buffer: ShardedRayReplayBuffer, state: Any, trainer: Any, *, verify: Verify
+    replay_buffer: ShardedRayReplayBuffer, record: BufferRecord, trainer: Any, *, verify: Verify
 ) -> None:
     """Rank 0 verifies and loads the saved shards; every rank waits for it (collective)."""
 
     def load() -> None:
-        if not state.get("sharded"):
+        if record.kind != "shards":
             raise BufferCheckpointError(
                 "The checkpoint's replay buffer was not saved from a ShardedRayReplayBuffer, "
                 "and the DataModule now holds one. Resume with the same kind of buffer as "
                 "the saved run, or start a new run."
             )
-        path = resolve_reference(state, trainer.ckpt_path if trainer is not None else None)
+        path = record.directory(trainer.ckpt_path if trainer is not None else None)
         read_manifest(path, verify=verify)
         replay_buffer.loads(path)
 
-    restore_on_rank_zero(state, trainer, load, what="ShardedRayReplayBuffer")
+    restore_on_rank_zero(record, trainer, load, what="ShardedRayReplayBuffer")

@@ -8,9 +8,10 @@ imported on first use, so ``rb-lightning-export-hf --help`` answers at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rb_lightning.namespaces import lazy_names
+from rb_lightning.stream import exporters
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.hf.arrow import BOOKKEEPING_KEYS, infer_features
@@ -37,3 +38,13 @@ __all__ = [
     "to_hf_dataset",
 ]
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
+
+
+def _to_hf_dataset(source: Any, **options: Any) -> Any:
+    from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
+
+    return to_hf_dataset(source, **options)
+
+
+# A dataset's or DataModule's as_hf_dataset() (the stream layer) exports through this.
+exporters.register_exporter("hf", _to_hf_dataset)

@@ -16,6 +16,7 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer, TensorStorage
 
+from rb_lightning.buffers.handles import resolve_buffer
 from rb_lightning.columns import (
     KEY_SEPARATOR,
     SAMPLER_INFO_KEYS,
@@ -26,7 +27,6 @@ from rb_lightning.columns import (
 )
 from rb_lightning.columns import columns as batch_columns
 from rb_lightning.errors import ArgumentTypeError
-from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.validation import check_replay_buffer
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tensordict.utils import NestedKey
@@ -66,6 +66,7 @@ from rb_lightning.hf.arrow import (
     require_hf,
 )
 from rb_lightning.hf.streaming import IDENTICAL, check_ranks, stream_dataset
+from rb_lightning.stream.exporters import ExportDefaults
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.validation import check_keys, check_positive_int
 
@@ -82,34 +83,35 @@ _UNSET: Any = object()
 # -- what to export ------------------------------------------------------------------------------
 @dataclass
 class _Plan:
-    """The stream and the export arguments behind one export."""
+    """What one export reads: the source's defaults with the caller's arguments applied."""
 
-    stream: BufferStream
+    source: ExportDefaults
     keys: list[NestedKey] | None
     num_batches: int | None
 
     @property
     def replay_buffer(self) -> ReplayBuffer:
-        return self.stream.replay_buffer
+        return self.source.replay_buffer
 
-    @property
-    def batch_size(self) -> int:
-        return self.stream.batch_size
+    def new_stream(self) -> BufferStream:
+        """A stream of the export's own: it seeds and counts it; the source's stays as it is."""
+        source = self.source
+        return BufferStream(
+            source.replay_buffer,
+            source.batch_size,
+            min_size=source.min_size,
+            wait_timeout=source.wait_timeout,
+        )
 
 
-def _plan(source: BufferStream, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
-    # A stream of its own: the export seeds and counts it, the source's stays as it is.
-    stream = BufferStream(
-        source.replay_buffer,
-        source.batch_size if batch_size is None else batch_size,
-        min_size=source.min_size,
-        wait_timeout=source.wait_timeout,
-    )
+def _plan(source: ExportDefaults, batch_size: Any, keys: Any, num_batches: Any) -> _Plan:
+    if batch_size is not None:
+        source = replace(source, batch_size=check_positive_int(batch_size, "batch_size"))
     checked_keys = None if keys is None else check_keys(keys)
     if checked_keys is not None:
         check_unique_names(checked_keys)
     batches = None if num_batches is _UNSET else num_batches
-    return _Plan(stream, checked_keys, check_positive_int(batches, "num_batches", allow_none=True))
+    return _Plan(source, checked_keys, check_positive_int(batches, "num_batches", allow_none=True))
 
 
 def _resolve_features(plan: _Plan, features: Any) -> tuple[Any, dict[str, NestedKey]]:
@@ -179,21 +181,26 @@ class SupportsHFExport(Protocol):
     :class:`~rb_lightning.ReplayBufferDataset`, :class:`~rb_lightning.ReplayBufferBatchDataset`,
     :class:`~rb_lightning.ReplayBufferPassDataset` and
     :class:`~rb_lightning.ReplayBufferDataModule` describe what they sample:
-    ``hf_export_defaults()`` returns ``{"stream": BufferStream, ...}`` with optional
-    ``keys``, ``num_batches`` and ``streaming``, which :func:`to_hf_dataset`'s own
-    arguments override. (Their ``as_hf_dataset(**options)`` is
-    ``to_hf_dataset(self, **options)``.)
+    ``hf_export_defaults()`` returns an :class:`~rb_lightning.stream.exporters.ExportDefaults`
+    (buffer, batch size, keys, ``num_batches``, snapshot or stream), which
+    :func:`to_hf_dataset`'s own arguments override. (Their ``as_hf_dataset(**options)``
+    is ``to_hf_dataset(self, **options)``.)
     """
 
-    def hf_export_defaults(self) -> dict[str, Any]: ...
+    def hf_export_defaults(self) -> ExportDefaults: ...
 
 
-def _export_defaults(source: Any) -> dict[str, Any]:
-    """``{"stream": BufferStream, ...}``: what ``source`` samples unless told otherwise."""
+def _export_defaults(source: Any) -> ExportDefaults:
+    """What ``source`` samples unless told otherwise."""
     if isinstance(source, ReplayBuffer):
-        return {"stream": BufferStream(source, DEFAULT_BATCH_SIZE)}
+        return ExportDefaults(source, DEFAULT_BATCH_SIZE)
     if isinstance(source, BufferStream):
-        return {"stream": source}
+        return ExportDefaults(
+            source.replay_buffer,
+            source.batch_size,
+            min_size=source.min_size,
+            wait_timeout=source.wait_timeout,
+        )
     defaults = getattr(source, "hf_export_defaults", None)
     if not callable(defaults):
         raise ArgumentTypeError(
@@ -203,7 +210,7 @@ def _export_defaults(source: Any) -> dict[str, Any]:
             f"ReplayBufferBatchDataset, ReplayBufferPassDataset, ReplayBufferDataModule), got "
             f"{type(source).__name__}.",
         )
-    return dict(defaults())
+    return defaults()
 
 
 def to_hf_dataset(
@@ -227,7 +234,7 @@ def to_hf_dataset(
             its buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
             and snapshot-or-stream are the defaults of the arguments below); or the path of a saved buffer: a Lightning run's
             directory or ``.ckpt``, a dump (read by
-            :func:`rb_lightning.checkpoint.saved.open_saved_buffer`; all members or ranks
+            :func:`rb_lightning.buffers.reader.open_saved_buffer`; all members or ranks
             of a mixture or DDP checkpoint, with a ``"source"`` column).
 
     Keyword Args:
@@ -301,19 +308,19 @@ def to_hf_dataset(
     """
     require_hf()
     if isinstance(source, (str, os.PathLike)):
-        from rb_lightning.checkpoint.saved import open_saved_buffer
+        from rb_lightning.buffers.reader import open_saved_buffer
 
         source = open_saved_buffer(source).replay_buffer
     given = _export_defaults(source)
-    keys = given.get("keys") if keys is None else keys
-    num_batches = given.get("num_batches", _UNSET) if num_batches is _UNSET else num_batches
-    streaming = given.get("streaming", True) if streaming is None else streaming
-    plan = _plan(given["stream"], batch_size, keys, num_batches)
+    keys = given.keys if keys is None else keys
+    num_batches = given.num_batches if num_batches is _UNSET else num_batches
+    streaming = given.streaming if streaming is None else streaming
+    plan = _plan(given, batch_size, keys, num_batches)
     resolved, columns = _resolve_features(plan, features)
     if streaming:
         ranks, stream_seed = check_ranks(ranks, seed, n_shards)
         return stream_dataset(
-            plan.stream, plan.num_batches, resolved, columns, n_shards, ranks, stream_seed
+            plan.new_stream(), plan.num_batches, resolved, columns, n_shards, ranks, stream_seed
         )
     if n_shards is not None:
         raise UsageError(

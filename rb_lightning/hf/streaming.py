@@ -18,9 +18,9 @@ import numpy as np
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.buffers.handles import resolve_buffer
 from rb_lightning.errors import UsageError
 from rb_lightning.hf.arrow import arrow_table, require_hf
-from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.validation import check_positive_int

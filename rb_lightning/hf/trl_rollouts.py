@@ -59,14 +59,10 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import (
-    dump_buffer,
-    load_dump,
-    publish_version,
-    read_manifest,
-    sync_path,
-)
 from rb_lightning.errors import ArgumentTypeError, PathNotFoundError, UsageError
+from rb_lightning.persist.dumps import dump_buffer, load_dump
+from rb_lightning.persist.files import publish_version, sync_path
+from rb_lightning.persist.manifest import read_manifest
 
 try:
     from transformers import TrainerCallback

@@ -61,7 +61,7 @@ def run_model(path: str) -> Any:
 
     import transformers
 
-    from rb_lightning.checkpoint.load import checkpoint_path_of, read_torch_file
+    from rb_lightning.buffers.reader import checkpoint_path_of, read_torch_file
 
     file = checkpoint_path_of(path)
     if file is None:
@@ -76,7 +76,9 @@ def run_model(path: str) -> Any:
     if isinstance(saved, dict) and isinstance(saved.get("class_path"), str):
         module_name, _, class_name = saved["class_path"].rpartition(".")
         config_class = getattr(importlib.import_module(module_name), class_name, None)
-    if not (isinstance(config_class, type) and issubclass(config_class, transformers.PretrainedConfig)):
+    if not (
+        isinstance(config_class, type) and issubclass(config_class, transformers.PretrainedConfig)
+    ):
         raise SystemExit(
             f"error: --model {path}: {file} is not a run of a language model "
             "(rb_lightning.llm.module.CausalLMModule, as configs/llm_sft.yaml trains)."

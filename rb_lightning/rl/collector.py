@@ -17,6 +17,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.envs import EnvBase
 
+from rb_lightning.buffers.handles import resolve_buffer
 from rb_lightning.errors import ArgumentTypeError, UsageError
 from rb_lightning.policy_version import POLICY_VERSION_KEY
 from rb_lightning.rl.acting import (
@@ -35,7 +36,6 @@ from rb_lightning.rl.background import (
     with_version_stamp,
 )
 from rb_lightning.rl.telemetry import CollectionTelemetry
-from rb_lightning.stream.handles import resolve_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.validation import (
     check_keys,

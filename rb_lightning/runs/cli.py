@@ -31,6 +31,7 @@ from tensordict.utils import NestedKey
 
 from rb_lightning.columns import normalize_key
 from rb_lightning.errors import ConfigError, RBLightningError, UsageError
+from rb_lightning.persist.run_paths import latest_checkpoint, run_checkpoint, run_directories
 from rb_lightning.runs import preflight, shipped_configs
 from rb_lightning.runs.config_errors import (
     instantiation_error,
@@ -51,13 +52,7 @@ from rb_lightning.runs.run_dirs import (
     set_logger_args,
     shown,
 )
-from rb_lightning.runs.run_files import (
-    RunCheckpoint,
-    latest_checkpoint,
-    read_run_checkpoint,
-    run_checkpoint,
-    run_directories,
-)
+from rb_lightning.runs.run_files import RunCheckpoint, read_run_checkpoint
 from rb_lightning.runs.run_log import quiet_run_log, skip_unloadable_nvml
 from rb_lightning.runs.startup import (
     INTERRUPT_EXIT_CODE,

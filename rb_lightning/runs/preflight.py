@@ -125,9 +125,7 @@ def _read(value: str) -> tuple[str, dict[str, Any]]:
         with path.open() as file:  # a parse error then names the file, not "<unicode string>"
             content = yaml.safe_load(file)
     except yaml.YAMLError as err:
-        raise ConfigError(
-            "config", f"the YAML does not parse: {one_paragraph(str(err))}."
-        ) from err
+        raise ConfigError("config", f"the YAML does not parse: {one_paragraph(str(err))}.") from err
     return value, content if isinstance(content, dict) else {}
 
 

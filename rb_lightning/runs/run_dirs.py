@@ -13,13 +13,9 @@ from pathlib import Path
 from jsonargparse import Namespace
 
 from rb_lightning.errors import ConfigError
+from rb_lightning.persist.run_paths import run_checkpoint
 from rb_lightning.runs.config_errors import import_class
-from rb_lightning.runs.run_files import (
-    RunCheckpoint,
-    RunLogger,
-    read_run_checkpoint,
-    run_checkpoint,
-)
+from rb_lightning.runs.run_files import RunCheckpoint, RunLogger, read_run_checkpoint
 
 
 def _logger_entries(trainer: Namespace) -> list[Namespace]:

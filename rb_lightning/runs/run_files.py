@@ -4,7 +4,7 @@ The shipped configs log with :class:`RunLogger` under ``runs/<config>/``, so
 every ``fit`` gets ``runs/<config>/version_<N>/`` holding ``config.yaml``,
 ``metrics.csv``, ``curves.png`` and ``checkpoints/last.ckpt``. A second
 ``fit`` of the same config starts ``version_<N+1>``: nothing is overwritten.
-``--ckpt_path last`` continues the run started last (:func:`run_directories`)
+``--ckpt_path last`` continues the run started last (:func:`~rb_lightning.persist.run_paths.run_directories`)
 in its own directory, when its checkpoint (:func:`read_run_checkpoint`) says it
 can go on.
 """
@@ -18,7 +18,7 @@ import sys
 import threading
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +33,9 @@ __all__ = [
     "FinalLastCheckpoint",
     "RunCheckpoint",
     "RunLogger",
-    "latest_checkpoint",
     "read_run_checkpoint",
-    "run_checkpoint",
-    "run_directories",
 ]
 
-LAST_CHECKPOINT = "last.ckpt"
 #: Key of ``FinalLastCheckpoint``'s state that says whether (and why) the run had ended.
 RUN_FINISHED_KEY = "run_finished"
 
@@ -386,50 +382,3 @@ def _not_a_checkpoint(path: Path) -> str | None:
     if not zipfile.is_zipfile(path):
         return "it is not a zip archive, as every checkpoint Lightning writes is"
     return None
-
-
-def run_directories(run_root: str | os.PathLike | None) -> list[Path]:
-    """A config's run directories, ``version_<N>``, oldest first (by ``N``).
-
-    Examples:
-        >>> run_directories("no/such/dir")
-        []
-    """
-    if run_root is None or not Path(run_root).is_dir():
-        return []
-    found = []
-    for path in Path(run_root).glob("version_*"):
-        number = path.name.removeprefix("version_")
-        if path.is_dir() and number.isdigit():
-            found.append((int(number), path))
-    return [path for _, path in sorted(found)]
-
-
-def run_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """A run directory's ``checkpoints/last.ckpt``, if it has one."""
-    path = Path(run_dir) / "checkpoints" / LAST_CHECKPOINT
-    return path if path.is_file() else None
-
-
-def latest_checkpoint(
-    run_root: str | os.PathLike | None, *, extra_dirs: Iterable[str | os.PathLike] = ()
-) -> Path | None:
-    """The most recently written ``last.ckpt`` of a config's runs.
-
-    Args:
-        run_root: The directory holding a config's runs, e.g. ``runs/cartpole_dqn``:
-            its ``version_*/checkpoints/last.ckpt`` are candidates.
-        extra_dirs: More directories whose ``last.ckpt`` is a candidate (a
-            ``ModelCheckpoint(dirpath=...)`` given explicitly).
-
-    Examples:
-        >>> latest_checkpoint("no/such/dir") is None
-        True
-    """
-    candidates = [Path(d) / LAST_CHECKPOINT for d in extra_dirs]
-    if run_root is not None and Path(run_root).is_dir():
-        candidates += Path(run_root).glob(f"*/checkpoints/{LAST_CHECKPOINT}")
-    existing = [path for path in candidates if path.is_file()]
-    if not existing:
-        return None
-    return max(existing, key=lambda path: path.stat().st_mtime)

@@ -13,6 +13,7 @@ The online collector that steps an environment during ``fit`` is
 
 from __future__ import annotations
 
+from rb_lightning.buffers.mixture import SOURCE_KEY, BufferMixture
 from rb_lightning.errors import SourceError
 from rb_lightning.sources.buffer_sources import (
     BufferSource,
@@ -20,7 +21,7 @@ from rb_lightning.sources.buffer_sources import (
     LoadDirectory,
     resolve_callable,
 )
-from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture, FillMembers
+from rb_lightning.sources.fill_members import FillMembers
 
 __all__ = [
     "SOURCE_KEY",

@@ -27,6 +27,7 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning import columns
 from rb_lightning.errors import ArgumentTypeError, MissingKeyError
+from rb_lightning.stream import exporters
 from rb_lightning.stream.sampling import BufferStream
 from rb_lightning.stream.sharding import Shard, current_shard
 from rb_lightning.stream.state import StreamCursor
@@ -95,9 +96,17 @@ class _SampledDataset(IterableDataset):
         """Selected keys, or ``None`` for all leaves."""
         return self._keys
 
-    def hf_export_defaults(self) -> dict[str, Any]:
+    def hf_export_defaults(self) -> exporters.ExportDefaults:
         """What :func:`~rb_lightning.hf.to_hf_dataset` samples when given this dataset."""
-        return {"stream": self._stream, "keys": self._keys, "num_batches": self._num_batches}
+        stream = self._stream
+        return exporters.ExportDefaults(
+            stream.replay_buffer,
+            stream.batch_size,
+            keys=self._keys,
+            num_batches=self._num_batches,
+            min_size=stream.min_size,
+            wait_timeout=stream.wait_timeout,
+        )
 
     def as_hf_dataset(self, **options: Any) -> Any:
         """This dataset as a Hugging Face dataset: ``to_hf_dataset(self, **options)``.
@@ -117,9 +126,7 @@ class _SampledDataset(IterableDataset):
             >>> len(list(ds))
             8
         """
-        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
-
-        return to_hf_dataset(self, **options)
+        return exporters.export("hf", self, **options)
 
     # -- iteration --------------------------------------------------------------------------
     def _batches_for(self, shard: Shard) -> int | None:
@@ -419,10 +426,11 @@ class ReplayBufferPassDataset(IterableDataset):
     def __len__(self) -> int:
         return -(-len(self._replay_buffer) // self._batch_size)
 
-    def hf_export_defaults(self) -> dict[str, Any]:
+    def hf_export_defaults(self) -> exporters.ExportDefaults:
         """What :func:`~rb_lightning.hf.to_hf_dataset` exports of this pass: a snapshot."""
-        stream = BufferStream(self._replay_buffer, self._batch_size)
-        return {"stream": stream, "keys": self._keys, "streaming": False}
+        return exporters.ExportDefaults(
+            self._replay_buffer, self._batch_size, keys=self._keys, streaming=False
+        )
 
     def as_hf_dataset(self, **options: Any) -> Any:
         """This pass as a ``datasets.Dataset`` snapshot: every stored item once, in storage order.
@@ -440,9 +448,7 @@ class ReplayBufferPassDataset(IterableDataset):
             >>> [row["x"] for row in ReplayBufferPassDataset(rb, batch_size=2).as_hf_dataset()]
             [0, 1, 2, 3, 4]
         """
-        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
-
-        return to_hf_dataset(self, **options)
+        return exporters.export("hf", self, **options)
 
     def __iter__(self) -> Iterator[Any]:
         shard = current_shard()

@@ -12,8 +12,8 @@ Two ways to feed an accelerator from a replay buffer without the step waiting fo
   :class:`CopyEngine`; when Lightning moves batch ``n+1`` to the device, the copy is
   already done or in flight. On CUDA the engine is :class:`CudaStreamCopy` (pinned
   memory, a side stream, an event the compute stream waits on without blocking the
-  host), so the copy runs while step ``n``'s kernels run. :class:`SyncCopy` is the
-  synchronous stand-in that lets the machinery run (and be tested) on CPU.
+  host), so the copy runs while step ``n``'s kernels run. Any object with ``start``
+  and ``finish`` is an engine (a synchronous copy lets the machinery run on CPU).
 
 The prefetcher never samples: the batches are drawn exactly when they would be without
 it (when Lightning asks for them), so the sampled stream, priority-update order and the
@@ -23,8 +23,11 @@ the device copy only replaces it in ``transfer_batch_to_device``.
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
-    >>> from rb_lightning.stream.device_prefetch import DevicePrefetcher, SyncCopy
-    >>> prefetcher = DevicePrefetcher(SyncCopy(), torch.device("cpu"))
+    >>> from rb_lightning.stream.device_prefetch import DevicePrefetcher
+    >>> class CopyNow:  # a CopyEngine that copies at once, on the calling thread
+    ...     def start(self, batch, device): return batch.clone()
+    ...     def finish(self, ticket): return ticket
+    >>> prefetcher = DevicePrefetcher(CopyNow(), torch.device("cpu"))
     >>> batch = TensorDict({"x": torch.arange(4)}, batch_size=[4])
     >>> prefetcher.submit(batch)  # when the loader hands the batch out
     >>> on_device = prefetcher.take(batch)  # when Lightning moves it to the device
@@ -47,12 +50,10 @@ __all__ = [
     "CopyEngine",
     "CudaStreamCopy",
     "DevicePrefetcher",
-    "SyncCopy",
     "check_device_storage",
     "default_copy_engine",
     "make_prefetcher",
     "move_batch",
-    "storage_device",
 ]
 
 
@@ -72,31 +73,6 @@ class CopyEngine(Protocol):
     def finish(self, ticket: Any) -> TensorDictBase:
         """Return the device batch of ``ticket``, safe to use on the consumer's stream."""
         ...
-
-
-class SyncCopy:
-    """CPU stand-in for :class:`CudaStreamCopy`: copies in ``start``, on the calling thread.
-
-    The result is always a new batch (``clone`` when the batch is already on ``device``),
-    as a real transfer would give, so the consumer never holds the loader's object.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> engine = SyncCopy()
-        >>> batch = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
-        >>> out = engine.finish(engine.start(batch, torch.device("cpu")))
-        >>> out is batch, bool((out["x"] == 0).all())
-        (False, True)
-    """
-
-    def start(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
-        """Copy now; the ticket is the copy."""
-        return batch.clone() if batch.device == device else batch.to(device)
-
-    def finish(self, ticket: TensorDictBase) -> TensorDictBase:
-        """The copy made by :meth:`start`."""
-        return ticket
 
 
 def _is_pinned(batch: TensorDictBase) -> bool:
@@ -172,7 +148,7 @@ class DevicePrefetcher:
     at most ``max_in_flight`` copies are held.
 
     Args:
-        engine: How copies are made (:class:`CudaStreamCopy`, :class:`SyncCopy`, ...).
+        engine: How copies are made (:class:`CudaStreamCopy`, or any :class:`CopyEngine`).
         device: Where the copies go.
 
     Keyword Args:
@@ -208,27 +184,6 @@ class DevicePrefetcher:
 
     def __len__(self) -> int:
         return len(self._in_flight)
-
-
-def storage_device(replay_buffer: Any) -> torch.device | None:
-    """The device a buffer's storage keeps its rows on, or ``None`` while unknown.
-
-    ``None`` for a lazy storage with ``device="auto"`` before its first write, for a
-    remote (Ray) buffer, and for a storage without a ``device``.
-
-    Examples:
-        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> storage_device(ReplayBuffer(storage=LazyTensorStorage(10, device="cpu")))
-        device(type='cpu')
-    """
-    try:
-        storage = replay_buffer.storage
-    except AttributeError:  # a remote buffer keeps its storage in its actor
-        return None
-    device = getattr(storage, "device", None)
-    if device is None or (isinstance(device, str) and device == "auto"):
-        return None
-    return torch.device(device)
 
 
 def check_device_storage(
@@ -295,7 +250,10 @@ def make_prefetcher(
         >>> import torch
         >>> make_prefetcher(True, torch.device("cpu")) is None
         True
-        >>> type(make_prefetcher(SyncCopy(), torch.device("cpu"))).__name__
+        >>> class CopyNow:
+        ...     def start(self, batch, device): return batch.clone()
+        ...     def finish(self, ticket): return ticket
+        >>> type(make_prefetcher(CopyNow(), torch.device("cpu"))).__name__
         'DevicePrefetcher'
     """
     if prefetch_to_device is False:

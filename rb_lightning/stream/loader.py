@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset
 
+from rb_lightning.buffers.handles import BufferHandle
 from rb_lightning.errors import ArgumentTypeError, UsageError
-from rb_lightning.stream.device_prefetch import CopyEngine, DevicePrefetcher
+from rb_lightning.stream.device_prefetch import CopyEngine, DevicePrefetcher, check_device_storage
 from rb_lightning.stream.state import StreamState
 from rb_lightning.validation import check_non_negative_int, check_positive_int
 
@@ -186,17 +186,18 @@ class _TrackedBatches:
 
 
 class ResumableBatchLoader(_BatchLoader):
-    """A :func:`batch_loader` whose stream position is checkpointed state.
+    """A :func:`batch_loader` over a stream position that its owner checkpoints.
 
-    Lightning saves the train loader's ``state_dict()`` in the checkpoint and
-    hands it back to ``load_state_dict()`` on resume (so it does not warn that
-    the loader is "not resumable"). The state lives in a :class:`StreamState`
-    shared by every loader its owner builds (one per epoch with
-    ``reload_dataloaders_every_n_epochs``).
+    The position (a :class:`StreamState`, shared by every loader its owner builds:
+    one per epoch with ``reload_dataloaders_every_n_epochs``) is saved once, by the
+    owner (:class:`~rb_lightning.lightning.training.TrainingStream`, in the
+    DataModule's state, with the buffer and the batches read ahead). The loader
+    only says it is resumable (``state_dict`` / ``load_state_dict``), so Lightning
+    does not warn that a mid-epoch resume is unreliable; it stores nothing.
 
     Args:
         dataset: A :class:`ReplayBufferBatchDataset` built with ``cursor=stream.cursor``.
-        stream: The stream state this loader reports and restores.
+        stream: The stream position this loader starts from and records each batch in.
 
     Keyword Args:
         prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that starts
@@ -224,32 +225,36 @@ class ResumableBatchLoader(_BatchLoader):
         return _TrackedBatches(self.stream, super().__iter__(), replay, self.prefetcher)
 
     def state_dict(self) -> dict[str, int]:
-        """The stream position (see :meth:`StreamState.state_dict`)."""
-        return self.stream.state_dict()
+        """Nothing: the position is saved once, by the owner of :attr:`stream`."""
+        return {}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Resume the stream at a position saved by :meth:`state_dict`."""
-        self.stream.load_state_dict(state_dict)
+        """Nothing to restore: the owner restored the position (a checkpoint written before
+        the position was saved once still holds a copy here, equal to the owner's)."""
 
 
-def model_dataloader(trainer: Any, hook: str, argument: str) -> Any:
-    """The LightningModule's own ``hook()`` loader (``val_dataloader``, ``test_dataloader``).
+def check_servable(buffer: BufferHandle, batch_size: int, options: LoaderOptions) -> None:
+    """Raise :class:`UsageError` for loader options ``buffer`` cannot be served with.
 
-    Lightning reads every loader from an attached DataModule, so a DataModule
-    with ``eval_from_model=True`` hands over the model's own (e.g. the greedy
-    evaluation episodes of :class:`rb_lightning.rl.DQN`). ``argument`` is the
-    DataModule buffer that would otherwise feed it, named in the error.
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
+        >>> from rb_lightning.buffers.handles import resolve_buffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), sampler=PrioritizedSampler(8, 0.6, 0.4))
+        >>> check_servable(resolve_buffer(rb), 4, LoaderOptions(num_workers=2))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.UsageError: num_workers>0 with a PrioritizedSampler: ...
     """
-    module = trainer.lightning_module if trainer is not None else None
-    if module is None or not is_overridden(hook, module):
-        raise UsageError(
-            "eval_from_model",
-            f"ReplayBufferDataModule(eval_from_model=True) hands {hook}() over to the "
-            f"LightningModule, but {type(module).__name__} does not define {hook}(). "
-            f"Give the DataModule a {argument} (and a source to fill it) instead, or "
-            "use a module that evaluates itself (rb_lightning.rl.DQN / SAC).",
-        )
-    return getattr(module, hook)()
+    buffer.check_num_workers(options.num_workers)
+    buffer.check_batch_size(batch_size)
+    # A lazy storage with device="auto" learns its device at the first write: checked
+    # again when the train loader is built.
+    check_device_storage(
+        buffer.storage_device(),
+        num_workers=options.num_workers,
+        pin_memory=options.pin_memory,
+        prefetch_to_device=options.prefetch_to_device is not False,
+    )
 
 
 __all__ = [
@@ -257,5 +262,5 @@ __all__ = [
     "ResumableBatchLoader",
     "batch_loader",
     "keep_batch",
-    "model_dataloader",
+    "check_servable",
 ]

@@ -61,8 +61,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from rb_lightning.buffers.priorities import InvalidPriority, check_priority, current_max_priority
 from rb_lightning.errors import BufferStateError
-from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
 from rb_lightning.torchrl_compat import ray_buffer_actor
 from rb_lightning.validation import check_positive_int
 
@@ -253,7 +253,7 @@ def send_priority_update(
     where: str = "update_priority",
 ) -> int:
     """Send new priorities for ``batch``'s items to a Ray buffer's actor; return how many
-    invalid ones were replaced (:func:`~rb_lightning.stream.priorities.check_priority`).
+    invalid ones were replaced (:func:`~rb_lightning.buffers.priorities.check_priority`).
 
     Returns without waiting for the actor; an error it raised comes out of the
     next call. With ``"index_generation"`` in ``batch``, slots rewritten since the
@@ -297,7 +297,7 @@ def send_priority_update(
 def remote_update_priority(
     handle: Any, batch: TensorDictBase, priority: Any, *, invalid: InvalidPriority, where: str
 ) -> int:
-    """:meth:`~rb_lightning.stream.handles.BufferHandle.update_priority` of a Ray buffer's
+    """:meth:`~rb_lightning.buffers.handles.BufferHandle.update_priority` of a Ray buffer's
     handle: :func:`send_priority_update` to ``handle.replay_buffer``."""
     return send_priority_update(handle.replay_buffer, batch, priority, invalid=invalid, where=where)
 

@@ -39,9 +39,9 @@ from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, RandomSampler, ReplayBuffer
 
 from rb_lightning import torchrl_compat
+from rb_lightning.buffers.handles import BufferHandle, resolve_buffer
 from rb_lightning.columns import SAMPLER_INFO_KEYS
 from rb_lightning.errors import BufferStateError, SampleTimeoutError, UsageError
-from rb_lightning.stream.handles import BufferHandle, resolve_buffer
 from rb_lightning.stream.pickling import pickled_without_generator, unpickle_buffer
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.stream.remote_prefetch import (

@@ -86,13 +86,4 @@ def draw_base_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
-def is_remote(replay_buffer: object) -> bool:
-    """Whether the buffer is served by an actor (``service_backend="ray"``, ``RayReplayBuffer``).
-
-    Such a buffer is one shared sampler, not a per-process copy: it is neither
-    re-seeded per worker or rank nor checkpointed by this process.
-    """
-    return getattr(replay_buffer, "service_backend", "direct") != "direct"
-
-
-__all__ = ["Shard", "current_shard", "draw_base_seed", "is_remote"]
+__all__ = ["Shard", "current_shard", "draw_base_seed"]

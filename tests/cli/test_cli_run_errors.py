@@ -107,7 +107,9 @@ def test_ckpt_path_that_is_not_a_checkpoint(subcommand, given, why, tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"error: config error at ckpt_path: {given} is not a Lightning checkpoint:")
+    assert line.startswith(
+        f"error: config error at ckpt_path: {given} is not a Lightning checkpoint:"
+    )
     assert why in line
     assert "--ckpt_path a .ckpt written by fit" in line and "--ckpt_path last" in line
     assert not (tmp_path / "runs").exists()
@@ -192,6 +194,8 @@ def test_export_hf_file_that_is_not_a_checkpoint(content, tmp_path):
     assert result.stdout == "" and "Traceback" not in result.stderr
     line = result.stderr.strip()
     assert "\n" not in line and line.startswith(f"rb-lightning-export-hf: error: BUFFER '{given}':")
-    assert ("is empty (0 bytes)" if content == "empty" else "is not a file written by torch.save") in line
+    assert (
+        "is empty (0 bytes)" if content == "empty" else "is not a file written by torch.save"
+    ) in line
     assert "runs/<config>/version_<N>" in line and "dump_buffer(rb, path)" in line
     assert "weights_only" not in line

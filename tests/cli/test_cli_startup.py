@@ -73,7 +73,10 @@ MISTAKES = {
     "missing_file": (
         ["fit", "--config", "configs/nope.yaml"],
         {},
-        ["config error at config: --config 'configs/nope.yaml': no such file", "rb-lightning configs"],
+        [
+            "config error at config: --config 'configs/nope.yaml': no such file",
+            "rb-lightning configs",
+        ],
     ),
     "misspelt_shipped_name": (
         ["validate", "--config", "cartpole_dqnn"],

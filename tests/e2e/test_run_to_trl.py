@@ -91,7 +91,7 @@ def test_llm_sft_run_exports_and_trains_sft_then_grpo(sft_run):
 
 def test_main_job_exports_numeric_columns_that_load_back(tmp_path):
     pytest.importorskip("gymnasium")
-    from rb_lightning.checkpoint.saved import open_saved_buffer
+    from rb_lightning.buffers.reader import open_saved_buffer
     from rb_lightning.hf import from_hf_dataset
 
     run = _fit("cartpole_dqn", tmp_path, max_steps=20)

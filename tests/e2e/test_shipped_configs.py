@@ -45,9 +45,7 @@ RL = ("cartpole_dqn", "pendulum_sac")
 
 def _run(command: list[str], cwd: Path) -> str:
     """Run ``command`` as a user would; its output, after checking the exit code and the lines."""
-    result = subprocess.run(
-        command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "Traceback" not in out
@@ -92,11 +90,12 @@ def test_fit_then_validate_and_test_from_its_checkpoint(name, tmp_path):
             assert metric in out  # Lightning's results table
         shown[subcommand] = out
     if name in RL:  # validate and test play other episodes, and say which
-        assert "validate: 10 episodes without exploration, environment seeds 1,000,000-" in (
-            shown["validate"]
+        assert (
+            "validate: 10 episodes without exploration, environment seeds 1,000,000-"
+            in (shown["validate"])
         )
-        assert "test: 10 episodes without exploration, environment seeds 2,000,000-" in (
-            shown["test"]
+        assert (
+            "test: 10 episodes without exploration, environment seeds 2,000,000-" in (shown["test"])
         )
     if name == "cartpole_dqn":  # the demonstrations helper the offline-to-online config names
         demos = [

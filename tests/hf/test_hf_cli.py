@@ -32,15 +32,12 @@ from torchrl.data import (
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    dump_buffer,
-    load_buffer,
-)
-from rb_lightning.checkpoint.saved import open_saved_buffer
+from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
+from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.hf.cli import main
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
+from rb_lightning.persist.dumps import dump_buffer
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.hf
@@ -231,7 +228,7 @@ def test_errors_say_what_the_input_is_and_what_works(tmp_path, capsys):
 
     # In Python, the dump reader says what a .ckpt is and what reads it.
     with pytest.raises(BufferCheckpointError, match=r"is a file.*checkpoint\.load_buffer"):
-        from rb_lightning.checkpoint import load_dump
+        from rb_lightning.persist.dumps import load_dump
 
         load_dump(TensorDictReplayBuffer(storage=LazyTensorStorage(16)), checkpoint)
 

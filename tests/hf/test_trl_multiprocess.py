@@ -23,8 +23,9 @@ pytest.importorskip("transformers")
 
 import trl_ranks_worker as worker  # noqa: E402
 
-from rb_lightning.checkpoint import dump_buffer, load_buffer  # noqa: E402
+from rb_lightning.buffers.reader import load_buffer  # noqa: E402
 from rb_lightning.hf.export import to_hf_dataset  # noqa: E402
+from rb_lightning.persist.dumps import dump_buffer  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ import trl
 from tiny_llm import tiny_model
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import load_buffer
+from rb_lightning.buffers.reader import load_buffer
 from rb_lightning.hf.export import to_hf_dataset
 from rb_lightning.llm.data import (
     arithmetic_examples,

@@ -12,7 +12,7 @@ from mixture_helpers import items, make_mixture
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.errors import BufferCheckpointError
 
 N = 4
 WRITE_ID0 = 200_000

@@ -14,8 +14,8 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule, ReplayBufferDataset
+from rb_lightning.buffers.priorities import InvalidPriorityError, check_priority
 from rb_lightning.distributed.ray import RayReplayBufferView
-from rb_lightning.stream.priorities import InvalidPriorityError, check_priority
 
 ITEMS = 2_000
 
@@ -79,7 +79,7 @@ def test_replace_mode_swaps_bad_priorities_for_max_counts_them_and_keeps_coverag
     priority[:10] = float("nan")
     priority[10:13] = float("inf")
     priority[13:16] = -2.0
-    with caplog.at_level(logging.WARNING, logger="rb_lightning.stream.priorities"):
+    with caplog.at_level(logging.WARNING, logger="rb_lightning.buffers.priorities"):
         dm.update_priority(batch, priority)
     assert dm.replaced_priorities == 16
     assert "replaced 16 invalid priorities" in caplog.text and "4" in caplog.text

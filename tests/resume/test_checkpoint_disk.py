@@ -14,13 +14,11 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import quiet_trainer
 
-import rb_lightning.checkpoint.files as checkpoint_files
+import rb_lightning.persist.files as checkpoint_files
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferDumpRequest,
-    NotEnoughDiskSpaceError,
-    buffer_state,
-)
+from rb_lightning.buffers.state import buffer_state
+from rb_lightning.errors import NotEnoughDiskSpaceError
+from rb_lightning.persist.beside import BufferDumpRequest
 
 DISK_BYTES = 4 * 1024**2
 CAPACITY = 16_000  # 264 B an item: a full buffer (4.2 MB) would not fit the disk at all

@@ -17,16 +17,16 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.buffers.state import (
     buffer_state,
-    dump_buffer,
-    load_buffer,
     mixture_state,
     restore_buffer_state,
     restore_mixture_state,
 )
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.dumps import dump_buffer
 
 ITEMS = 200_000
 CAPACITY = 250_000  # not wrapped: the filled rows are written by rb_lightning

@@ -19,13 +19,10 @@ from tensordict import TensorDict
 from torchrl.data import ListStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    dump_buffer,
-    load_buffer,
-    pack_directory,
-    unpack_directory,
-)
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.files import pack_directory, unpack_directory
 
 
 class Payload:
@@ -69,7 +66,7 @@ def test_malicious_pickle_in_a_trainer_checkpoint_is_refused_not_run(tmp_path):
     path = tmp_path / "ckpt" / "last.ckpt"
     checkpoint = torch.load(path, weights_only=True)
     state = checkpoint["ReplayBufferDataModule"]["buffer"]
-    assert state["location"] == "inline"
+    assert state["kind"] == "inline"
 
     marker = tmp_path / "code-ran"
     dump = tmp_path / "dump"

@@ -8,7 +8,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import dump_buffer, load_buffer
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.persist.dumps import dump_buffer
 
 
 def _wrapped_buffer() -> ReplayBuffer:

@@ -11,14 +11,12 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    buffer_state,
-    dump_buffer,
-    load_buffer,
-    read_manifest,
-)
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.buffers.state import buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.manifest import read_manifest
 
 CAPACITY = 10_000
 

@@ -24,13 +24,10 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    buffer_state,
-    restore_buffer_state,
-)
-from rb_lightning.checkpoint.manifest import CHUNKS_DIR, MANIFEST
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.manifest import CHUNKS_DIR, MANIFEST
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

@@ -18,7 +18,8 @@ from async_kill_train import CAPACITY, KILL_STEP, WRITES_PER_STEP, build
 from resume_helpers import INITIAL_ITEMS, buffer_ids, make_buffer, online_ids
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointIO, restore_buffer_state
+from rb_lightning.buffers.state import restore_buffer_state
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 
 HERE = Path(__file__).parent
 TIMEOUT_S = 120

@@ -21,15 +21,12 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, ListStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    BufferDumpRequest,
-    buffer_state,
-    dump_buffer,
-    load_buffer,
-    restore_buffer_state,
-)
+from rb_lightning.buffers.reader import load_buffer
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.beside import BufferDumpRequest
+from rb_lightning.persist.dumps import dump_buffer
 
 
 def _sample_ids(rb: ReplayBuffer, times: int = 3) -> list[list[int]]:
@@ -61,7 +58,7 @@ def test_list_storage_round_trip(tmp_path):
     for i in range(6):
         rb.add(TensorDict({"id": torch.tensor(i), "tokens": torch.arange(i + 1)}, []))
     state = buffer_state(rb, inline_max_bytes=0)  # ListStorage cannot be dumped by torchrl
-    assert state["location"] == "inline"
+    assert state["kind"] == "inline"
     restored = ReplayBuffer(storage=ListStorage(10))
     restore_buffer_state(restored, state)
     assert [restored[i]["tokens"].tolist() for i in range(6)] == [
@@ -83,7 +80,7 @@ def test_empty_buffer_round_trip_keeps_generator(tmp_path):
 
 def test_policy_small_inline_large_beside():
     rb = make_buffer()
-    assert buffer_state(rb)["location"] == "inline"
+    assert buffer_state(rb)["kind"] == "inline"
     assert isinstance(buffer_state(rb, inline_max_bytes=100), BufferDumpRequest)
 
 
@@ -128,7 +125,7 @@ def test_memmap_storage_beside(tmp_path):
     io = BufferCheckpointIO()
     checkpoint = {"DataModule": {"buffer": buffer_state(rb, inline_max_bytes=0)}}
     io.save_checkpoint(checkpoint, tmp_path / "a.ckpt")
-    assert checkpoint["DataModule"]["buffer"]["location"] == "beside"
+    assert checkpoint["DataModule"]["buffer"]["kind"] == "beside"
     loaded = io.load_checkpoint(tmp_path / "a.ckpt")
     restored = ReplayBuffer(storage=LazyMemmapStorage(50, scratch_dir=tmp_path / "scratch2"))
     restore_buffer_state(restored, loaded["DataModule"]["buffer"])

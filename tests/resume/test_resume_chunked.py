@@ -17,8 +17,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from resume_helpers import CAPACITY, INITIAL_ITEMS, Recorder, buffer_ids, make_buffer, make_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointIO
-from rb_lightning.checkpoint.manifest import CHUNKS_DIR, MANIFEST
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.manifest import CHUNKS_DIR, MANIFEST
 
 N, EVERY, WRITES = 8, 4, 8  # saves at steps 4, 8 (wrapped by then), 12, 16
 

@@ -20,7 +20,8 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, RandomSampler, TensorDictReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointIO, restore_buffer_state
+from rb_lightning.buffers.state import restore_buffer_state
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_STEPS, RESUMED_STEPS = 16, 24

@@ -109,13 +109,15 @@ def test_user_hooks_without_super_resume_exactly(tmp_path, case):
     assert not [m for m in messages if "not resumable" in m], messages
 
 
-def test_train_loader_state_is_in_lightnings_checkpoint(tmp_path):
-    # The loader is a stateful one to Lightning: its state sits in the fit loop's state,
-    # as plain ints a weights-only load accepts.
+def test_the_stream_position_is_saved_once_in_the_datamodules_state(tmp_path):
+    # The loader is a stateful one to Lightning (no "not resumable" warning) but stores
+    # nothing: the position is the DataModule's, saved with its buffer, as plain ints a
+    # weights-only load accepts.
     spec = CASES["sized-prioritized"]
     _run(tmp_path, spec, spec["n"])
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     (loader_state,) = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert loader_state["epoch"] == 0 and loader_state["position"] == 4
-    assert loader_state["batches_served"] == 4
-    assert all(isinstance(v, int) for v in loader_state.values())
+    assert loader_state == {}
+    (stream,) = [v["stream"] for v in checkpoint.values() if isinstance(v, dict) and "stream" in v]
+    assert stream["epoch"] == 0 and stream["position"] == 4 and stream["batches_served"] == 4
+    assert all(isinstance(v, int) for v in stream.values())

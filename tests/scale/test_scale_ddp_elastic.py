@@ -18,7 +18,8 @@ import pytest
 import yaml
 from script_runs import finish_script, rank_results, run_train_py, start_script
 
-from rb_lightning.checkpoint import checkpoint_buffer_state, read_torch_file
+from rb_lightning.buffers.reader import read_torch_file
+from rb_lightning.persist.record import find_record
 
 
 def _start(out_dir: Path, world_size: int, tag: int, steps: int, ckpt: Path | None = None):
@@ -136,4 +137,4 @@ def test_train_py_run_on_two_ranks_resumed_on_one(tmp_path):
     assert kept.returncode == 0, kept.stderr[-3000:]
     assert "fit stopped at step 4" in kept.stdout + kept.stderr
     last = tmp_path / "runs" / "toy" / "version_0" / "checkpoints" / "last.ckpt"
-    assert checkpoint_buffer_state(read_torch_file(last))["len"] == 100
+    assert find_record(read_torch_file(last)).len == 100

@@ -19,7 +19,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointError
+from rb_lightning.errors import BufferCheckpointError
 
 RANK_TAG = 100_000
 
@@ -63,7 +63,7 @@ def test_each_rank_gets_its_own_buffer_back_and_the_same_stream(runs):
 def test_checkpoint_has_one_buffer_per_rank_and_records_the_world_size(runs):
     checkpoint = torch.load(runs["ckpt"], weights_only=True)
     reference = checkpoint["ReplayBufferDataModule"]["buffer"]
-    assert reference["location"] == "beside" and reference["world_size"] == 2
+    assert reference["kind"] == "ranks" and reference["world_size"] == 2
     version = Path(f"{runs['ckpt']}.buffer") / reference["version"]
     assert sorted(p.name for p in version.iterdir()) == ["rank0", "rank1"]
     for rank in (0, 1):

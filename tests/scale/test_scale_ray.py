@@ -16,7 +16,7 @@ from script_runs import finish_script, rank_results, run_script, start_script
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import RemoteDumpRequest
+from rb_lightning.distributed.ray_checkpoint import RemoteDumpRequest
 
 ray = pytest.importorskip("ray")
 from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config  # noqa: E402

@@ -21,8 +21,8 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, R
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import BufferCheckpointError
-from rb_lightning.checkpoint.saved import open_saved_buffer
+from rb_lightning.buffers.reader import open_saved_buffer
+from rb_lightning.errors import BufferCheckpointError
 
 ray = pytest.importorskip("ray")
 from rb_lightning.distributed.ray import named_actor_config  # noqa: E402

@@ -15,10 +15,10 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, R
 from rb_lightning import ReplayBufferDataModule
 
 ray = pytest.importorskip("ray")
+from rb_lightning.buffers.handles import resolve_buffer  # noqa: E402
 from rb_lightning.distributed import ShardedRayReplayBuffer  # noqa: E402
 from rb_lightning.distributed.sharded import ShardedBuffer  # noqa: E402
 from rb_lightning.errors import BufferCheckpointError  # noqa: E402
-from rb_lightning.stream.handles import resolve_buffer  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("cluster")]
 

@@ -16,14 +16,11 @@ from typing import Any
 
 import pytest
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    RemoteDumpRequest,
-    read_manifest,
-    resolve_reference,
-)
-from rb_lightning.checkpoint.manifest import write_manifest
+from rb_lightning.distributed.ray_checkpoint import RemoteDumpRequest
 from rb_lightning.distributed.sharded import KIND, sharded_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.manifest import read_manifest, write_manifest
+from rb_lightning.persist.record import BufferRecord
 
 
 def _dump(length: int):
@@ -55,11 +52,11 @@ def _saved(request: Any, tmp_path: Path) -> dict[str, Any]:
     return reference
 
 
-def test_one_actor_reference_is_marked_remote(tmp_path):
+def test_one_actor_reference_is_an_actor_record(tmp_path):
     reference = _saved(RemoteDumpRequest(None, _dump(3)), tmp_path)
     assert reference == {
-        "location": "beside",
-        "remote": True,
+        "record": 1,
+        "kind": "actor",
         "dir": "last.ckpt.buffer",
         "len": 3,
         "write_count": 3,
@@ -70,10 +67,10 @@ def test_a_sharded_buffer_saves_the_reference_and_manifest_it_saved_before(tmp_p
     request = sharded_state(_Shards(), None)
     assert isinstance(request, RemoteDumpRequest)
     reference = request.write(tmp_path / "last.ckpt.buffer")
-    path = resolve_reference(reference, tmp_path / "last.ckpt")
+    path = BufferRecord.from_dict(reference).directory(tmp_path / "last.ckpt")
     assert {k: v for k, v in reference.items() if k != "version"} == {
-        "location": "beside",
-        "sharded": True,
+        "record": 1,
+        "kind": "shards",
         "dir": "last.ckpt.buffer",
         "len": 5,
         "write_count": 7,
@@ -85,7 +82,7 @@ def test_a_sharded_buffer_saves_the_reference_and_manifest_it_saved_before(tmp_p
 
 def test_other_ranks_store_a_placeholder():
     trainer = SimpleNamespace(global_rank=1)
-    assert sharded_state(_Shards(), trainer) == {"location": "remote", "saved_by_rank": 0}
+    assert sharded_state(_Shards(), trainer) == {"record": 1, "kind": "elsewhere"}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -9,14 +10,21 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    BufferDumpRequest,
-    buffer_dir_for,
-    buffer_state,
-    restore_buffer_state,
-)
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist.beside import BufferDumpRequest, buffer_dir_for
+from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.record import BufferRecord
+
+
+def _restore(rb, state, ckpt=None, *, rank: int, world_size: int, keep="all", seed=None):
+    """Restore as a resumed rank does: the redistribution decided once, then the restore."""
+    record = BufferRecord.of(state)
+    plan = plan_redistribution(record, rank, world_size, keep=keep)
+    if plan is not None and seed is not None:
+        plan = dataclasses.replace(plan, seed=seed)
+    return restore_buffer_state(rb, record, ckpt, rank=rank, redistribution=plan)
 
 
 def _buffer(n: int = 6) -> ReplayBuffer:
@@ -28,7 +36,8 @@ def _buffer(n: int = 6) -> ReplayBuffer:
 
 def test_small_buffer_is_packed_inline_and_restored():
     state = buffer_state(_buffer())
-    assert state["location"] == "inline" and state["len"] == 6
+    record = BufferRecord.from_dict(state)
+    assert record.kind == "inline" and record.len == 6
     restored = _buffer(0)
     assert restore_buffer_state(restored, state) == []
     assert restored[:6]["id"].tolist() == list(range(6))
@@ -61,13 +70,14 @@ def test_another_world_size_deals_the_items_out():
     state = buffer_state(_buffer())  # one process's buffer, resumed on 2
     shares = [_buffer(0), _buffer(0)]
     for rank, share in enumerate(shares):
-        assert restore_buffer_state(share, state, rank=rank, world_size=2) == []
+        assert _restore(share, state, rank=rank, world_size=2) == []
     assert [share[: len(share)]["id"].tolist() for share in shares] == [[0, 2, 4], [1, 3, 5]]
 
 
-def test_unknown_location_is_refused():
-    with pytest.raises(
-        BufferCheckpointError,
-        match="location 'cloud'.*writes 'inline' and 'beside'.*start a new run",
-    ):
+def test_unknown_location_or_kind_is_refused():
+    with pytest.raises(BufferCheckpointError, match="location 'cloud'.*reads 'inline', 'beside'"):
         restore_buffer_state(_buffer(0), {"location": "cloud"})
+    with pytest.raises(BufferCheckpointError, match="kind 'cloud'.*reads inline, beside"):
+        restore_buffer_state(_buffer(0), {"record": 1, "kind": "cloud"})
+    with pytest.raises(BufferCheckpointError, match="record has version 2.*upgrade"):
+        restore_buffer_state(_buffer(0), {"record": 2, "kind": "inline"})

@@ -16,18 +16,16 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
-from rb_lightning.checkpoint import (
-    MANIFEST,
-    BufferCheckpointAdapter,
-    BufferCheckpointError,
-    dump_buffer,
-    load_dump,
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.adapter import BufferCheckpointAdapter
+from rb_lightning.persist.dumps import dump_buffer, load_dump
+from rb_lightning.persist.files import (
     pack_directory,
-    read_manifest,
     remove_stale_versions,
     unpack_directory,
     write_version,
 )
+from rb_lightning.persist.manifest import MANIFEST, read_manifest
 
 
 def _items(n: int, start: int = 0) -> TensorDict:

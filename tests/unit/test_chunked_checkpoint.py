@@ -14,17 +14,15 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning.checkpoint import (
-    BufferCheckpointError,
-    BufferCheckpointIO,
-    buffer_state,
-    chunks,
-    load_buffer,
-    restore_buffer_state,
-)
-from rb_lightning.checkpoint.chunks import collect_garbage, prepare_chunked_save
-from rb_lightning.checkpoint.manifest import CHUNKS_DIR, MANIFEST
-from rb_lightning.checkpoint.saved import open_saved_buffer
+from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
+from rb_lightning.persist import chunks
+from rb_lightning.persist.chunks import collect_garbage, prepare_chunked_save
+from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.manifest import CHUNKS_DIR, MANIFEST
+from rb_lightning.persist.record import BufferRecord
 
 CAPACITY = 64
 
@@ -205,8 +203,10 @@ def test_elastic_resume_and_open_saved_buffer_read_a_chunked_checkpoint(tmp_path
 
     state = BufferCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")["dm"]["buffer"]
     shares = [_buffer() for _ in range(2)]
-    for rank, share in enumerate(shares):
-        restore_buffer_state(share, dict(state), tmp_path / "last.ckpt", rank=rank, world_size=2)
+    record = BufferRecord.of(state)
+    for rank, share in enumerate(shares):  # resumed on 2 ranks, as a DDP resume decides it
+        plan = plan_redistribution(record, rank, 2, keep="all")
+        restore_buffer_state(share, record, tmp_path / "last.ckpt", rank=rank, redistribution=plan)
     assert sorted(_ids(shares[0]) + _ids(shares[1])) == sorted(saved)
     # Priorities move with their items.
     saved_priority = {i: rb.sampler._sum_tree[row] for row, i in enumerate(saved)}

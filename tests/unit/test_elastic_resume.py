@@ -1,4 +1,4 @@
-"""Per-rank buffers restored on another number of ranks (rb_lightning.checkpoint.elastic).
+"""Per-rank buffers restored on another number of ranks (rb_lightning.persist.elastic).
 
 Each saved rank's buffer is dumped the way a DDP checkpoint does (``<ckpt>.buffer/<version>/
 rank<r>``) and restored here once per new rank, in one process: the union of the new ranks'
@@ -8,6 +8,7 @@ oldest first. The same under a real DDP Trainer: tests/scale/test_scale_ddp_elas
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,24 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler, SliceSampler
 
 from rb_lightning import ReplayBufferDataModule, UsageError
-from rb_lightning.checkpoint import BufferCheckpointError, buffer_dir_for, dump_buffer
-from rb_lightning.checkpoint.beside import beside_reference
-from rb_lightning.checkpoint.state import buffer_state, restore_buffer_state
+from rb_lightning.buffers.state import buffer_state, restore_buffer_state
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.beside import beside_reference, buffer_dir_for
+from rb_lightning.persist.dumps import dump_buffer
+from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.record import BufferRecord
 from rb_lightning.torchrl_compat import saved_priority_tree
 
 TAG = 1_000  # item ids: saved rank * TAG + n, in write order
+
+
+def _restore(rb, state, ckpt=None, *, rank: int, world_size: int, keep="all", seed=None):
+    """Restore as a resumed rank does: the redistribution decided once, then the restore."""
+    record = BufferRecord.of(state)
+    plan = plan_redistribution(record, rank, world_size, keep=keep)
+    if plan is not None and seed is not None:
+        plan = dataclasses.replace(plan, seed=seed)
+    return restore_buffer_state(rb, record, ckpt, rank=rank, redistribution=plan)
 
 
 def _priority(ids: torch.Tensor) -> torch.Tensor:
@@ -55,7 +68,9 @@ def _checkpoint(tmp_path: Path, buffers: list[ReplayBuffer]) -> tuple[dict, Path
         manifest = dump_buffer(
             rb, version / f"rank{rank}", extra={"rank": rank, "world_size": len(buffers)}
         )
-    state = beside_reference(buffer_dir_for(ckpt), "v1", manifest, world_size=len(buffers))
+    state = beside_reference(
+        buffer_dir_for(ckpt), "v1", manifest, kind="ranks", world_size=len(buffers)
+    )
     return state, ckpt
 
 
@@ -75,8 +90,7 @@ def _restore_on(state, ckpt, world_size: int, capacity: int, **options) -> list[
             storage=LazyTensorStorage(capacity),
             sampler=PrioritizedSampler(capacity, alpha=0.7, beta=0.5),
         )
-        state_with = {**state, "resume_options": options} if options else state
-        assert restore_buffer_state(rb, state_with, ckpt, rank=rank, world_size=world_size) == []
+        assert _restore(rb, state, ckpt, rank=rank, world_size=world_size, **options) == []
         shares.append(rb)
     return shares
 
@@ -127,7 +141,7 @@ def test_too_little_room_stops_before_anything_is_loaded(tmp_path):
         r".*max_size=20.*so 8 of them would not fit.*max_size of at least 28.*at least 2 "
         r"processes.*resume_keep='newest'.*Nothing was loaded",
     ):
-        restore_buffer_state(rb, state, ckpt, rank=0, world_size=1)
+        _restore(rb, state, ckpt, rank=0, world_size=1)
     assert rb[torch.arange(len(rb))]["id"].tolist() == [-5]
 
 
@@ -143,7 +157,7 @@ def test_a_buffer_built_differently_is_refused(tmp_path):
     state, ckpt = _checkpoint(tmp_path, [_saved_rank(0, 6), _saved_rank(1, 6)])
     rb = ReplayBuffer(storage=LazyTensorStorage(16), sampler=RandomSampler())
     with pytest.raises(BufferCheckpointError, match="saved sampler=PrioritizedSampler"):
-        restore_buffer_state(rb, state, ckpt, rank=0, world_size=1)
+        _restore(rb, state, ckpt, rank=0, world_size=1)
     assert len(rb) == 0
 
 
@@ -165,7 +179,7 @@ def test_a_single_process_buffer_is_dealt_to_ranks_list_storage_included():
     shares = []
     for rank in range(3):
         share = ReplayBuffer(storage=ListStorage(4))
-        restore_buffer_state(share, state, rank=rank, world_size=3)
+        _restore(share, state, rank=rank, world_size=3)
         shares.append([int(share[i]) for i in range(len(share))])
     assert shares == [[0, 3, 6], [1, 4], [2, 5]]
 
@@ -201,7 +215,7 @@ def test_a_tensordict_prioritized_buffer_keeps_its_priorities(tmp_path):
     state, ckpt = _checkpoint(tmp_path, saved)
     before = {**_held(saved[0], tmp_path)[1], **_held(saved[1], tmp_path)[1]}
     restored = TensorDictPrioritizedReplayBuffer(storage=LazyTensorStorage(32), alpha=0.7, beta=0.5)
-    restore_buffer_state(restored, state, ckpt, rank=0, world_size=1)
+    _restore(restored, state, ckpt, rank=0, world_size=1)
     assert _held(restored, tmp_path)[1] == before
 
 
@@ -215,5 +229,5 @@ def test_trajectories_are_not_dealt_out(tmp_path):
     state, ckpt = _checkpoint(tmp_path, [sliced(0), sliced(1)])
     rb = ReplayBuffer(storage=LazyTensorStorage(16), sampler=SliceSampler(num_slices=2))
     with pytest.raises(BufferCheckpointError, match="trajectories.*number of processes it was"):
-        restore_buffer_state(rb, state, ckpt, rank=0, world_size=1)
+        _restore(rb, state, ckpt, rank=0, world_size=1)
     assert len(rb) == 0

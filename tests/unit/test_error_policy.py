@@ -22,7 +22,7 @@ PACKAGE = ROOT / "rb_lightning"
 
 #: (module, enclosing function, built-in): raises that a Python protocol asks for.
 PROTOCOL_RAISES = {
-    ("sources/mixture.py", "items", "IndexError"),  # sequence indexing past the end
+    ("buffers/mixture.py", "items", "IndexError"),  # sequence indexing past the end
     ("stream/datasets.py", "__len__", "TypeError"),  # len() of an unbounded stream
     ("namespaces.py", "__getattr__", "AttributeError"),  # a module's missing attribute
     ("distributed/__init__.py", "__getattr__", "AttributeError"),  # lazy module attribute

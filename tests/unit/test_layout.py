@@ -13,14 +13,21 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rb_lightning"
 MAX_LINES = 500
 #: One concept that needs more room: the sharded buffer with its handle and its checkpoints,
 #: cut in three modules that imported each other to fit 500 (issue 46 allows ~650 for that).
-ONE_CONCEPT_MAX_LINES = {"distributed/sharded.py": 650}
+ONE_CONCEPT_MAX_LINES = {
+    "distributed/sharded.py": 650,
+    # The one reader of saved buffers (issue 46): what a path is, which dumps, into which buffer.
+    "buffers/reader.py": 650,
+}
 # 400: the answers to Trainer switches grew it; their logic is in trainer_switches.py.
 DATAMODULE_MAX_LINES = 400
 #: Only the buffer handles decide what kind of buffer they were given.
-KIND_TESTS = re.compile(r"\bis_remote\(|isinstance\([^)]*\bBufferMixture\b|ReplayBufferEnsemble\)")
-KIND_RESOLVER = {"stream/handles.py", "stream/sharding.py"}  # the resolver, the definition
+KIND_TESTS = re.compile(
+    r"service_backend\b.*!=|isinstance\([^)]*\bBufferMixture\b|ReplayBufferEnsemble\)"
+)
+#: The resolver, and the plugin that registers the Ray kind.
+KIND_RESOLVER = {"buffers/handles.py", "distributed/__init__.py"}
 #: A source given to FillMembers must be a mixture to have members: a check of its argument.
-ARGUMENT_CHECKS = {"sources/mixture.py"}
+ARGUMENT_CHECKS = {"sources/fill_members.py"}
 
 
 def _modules() -> list[Path]:
@@ -41,7 +48,7 @@ def test_no_module_is_over_500_lines():
 
 
 def test_the_datamodule_is_thin():
-    lines = len((PACKAGE / "datamodule.py").read_text().splitlines())
+    lines = len((PACKAGE / "lightning" / "datamodule.py").read_text().splitlines())
     assert lines < DATAMODULE_MAX_LINES, f"datamodule.py has {lines} lines"
 
 
@@ -51,9 +58,9 @@ def test_only_the_handles_ask_which_kind_of_buffer_it_is():
         for p in _modules()
         if str(p.relative_to(PACKAGE)) not in KIND_RESOLVER | ARGUMENT_CHECKS
         for number, line in enumerate(p.read_text().splitlines(), 1)
-        if KIND_TESTS.search(line) and not line.lstrip().startswith("#")
+        if KIND_TESTS.search(line) and not line.lstrip().startswith(("#", "class "))
     ]
-    assert not found, f"ask the buffer handle (rb_lightning.stream.handles) instead: {found}"
+    assert not found, f"ask the buffer handle (rb_lightning.buffers.handles) instead: {found}"
 
 
 def test_no_frame_inspection():

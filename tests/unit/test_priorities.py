@@ -1,4 +1,4 @@
-"""rb_lightning.stream.priorities: NaN, infinite and negative priorities refused or replaced."""
+"""rb_lightning.buffers.priorities: NaN, infinite and negative priorities refused or replaced."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, ReplayBuffer
 
-from rb_lightning.stream.priorities import (
+from rb_lightning.buffers.priorities import (
     InvalidPriorityError,
     check_invalid_priority_mode,
     check_priority,

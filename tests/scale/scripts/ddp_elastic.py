@@ -27,7 +27,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.checkpoint import dump_buffer
+from rb_lightning.persist.dumps import dump_buffer
 from rb_lightning.torchrl_compat import saved_priority_tree
 
 torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The manifest of a buffer dump: what it records, how it is written, read and verified.
 
 Every dump directory holds a ``manifest.json``: the format version, the kind of
-dump (:mod:`rb_lightning.checkpoint.kinds`), the item count and ``write_count``,
+dump (:mod:`rb_lightning.persist.kinds`), the item count and ``write_count``,
 how the buffer was built, and the size and xxHash (``xxh3_64``) checksum of
 every other file. Checksums of the data are taken from the bytes as they are
 written (:class:`Digests`), not by reading the files back. :func:`read_manifest`

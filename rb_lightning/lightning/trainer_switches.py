@@ -23,6 +23,7 @@ from rb_lightning.stream.loader import keep_batch
 __all__ = [
     "RepeatedBatches",
     "check_stage_has_data",
+    "model_dataloader",
     "model_moves_batches",
     "overfit_batch_count",
     "refuse_weights_only_resume",
@@ -159,3 +160,23 @@ class RepeatedBatches:
             self.batches = list(self.sample(count))
         batches = self.batches * math.ceil((length or count) / count)
         return DataLoader(batches[: length or count], batch_size=None, collate_fn=keep_batch)  # type: ignore[arg-type]
+
+
+def model_dataloader(trainer: Any, hook: str, argument: str) -> Any:
+    """The LightningModule's own ``hook()`` loader (``val_dataloader``, ``test_dataloader``).
+
+    Lightning reads every loader from an attached DataModule, so a DataModule
+    with ``eval_from_model=True`` hands over the model's own (e.g. the greedy
+    evaluation episodes of :class:`rb_lightning.rl.DQN`). ``argument`` is the
+    DataModule buffer that would otherwise feed it, named in the error.
+    """
+    module = trainer.lightning_module if trainer is not None else None
+    if module is None or not is_overridden(hook, module):
+        raise UsageError(
+            "eval_from_model",
+            f"ReplayBufferDataModule(eval_from_model=True) hands {hook}() over to the "
+            f"LightningModule, but {type(module).__name__} does not define {hook}(). "
+            f"Give the DataModule a {argument} (and a source to fill it) instead, or "
+            "use a module that evaluates itself (rb_lightning.rl.DQN / SAC).",
+        )
+    return getattr(module, hook)()

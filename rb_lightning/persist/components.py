@@ -25,9 +25,8 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
-
-from .build import SAME_BUILD_HINT
-from .manifest import Digests
+from rb_lightning.persist.build import SAME_BUILD_HINT
+from rb_lightning.persist.manifest import Digests
 
 __all__ = ["dump_components", "ensure_generator", "load_components", "on_host"]
 

@@ -3,14 +3,14 @@
 A buffer too large for the ``.ckpt`` is put in the DataModule's state as a
 :class:`BufferDumpRequest`; :class:`~rb_lightning.checkpoint.BufferCheckpointIO`
 carries it out once the checkpoint's path is known, writing the dump to
-``<ckpt>.buffer/<version>/``, and stores a reference (:func:`beside_reference`)
-in its place. :func:`resolve_reference` finds the dump again on load.
+``<ckpt>.buffer/<version>/``, and stores its record (:func:`beside_reference`,
+a :class:`~rb_lightning.persist.record.BufferRecord`) in its place.
 
 Examples:
     >>> buffer_dir_for("/runs/last.ckpt").name
     'last.ckpt.buffer'
-    >>> reference = {"location": "beside", "dir": "last.ckpt.buffer", "version": "v1"}
-    >>> resolve_reference(reference, "/runs/last.ckpt").as_posix()
+    >>> reference = beside_reference(Path("last.ckpt.buffer"), "v1", {"len": 3, "write_count": 3})
+    >>> BufferRecord.from_dict(reference).directory("/runs/last.ckpt").as_posix()
     '/runs/last.ckpt.buffer/v1'
 """
 
@@ -26,9 +26,14 @@ from typing import Any
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import BufferCheckpointError
-
-from .dumps import dump_buffer, dump_nbytes
-from .files import check_disk_space, publish_version, remove_stale_versions, write_version
+from rb_lightning.persist.dumps import dump_buffer, dump_nbytes
+from rb_lightning.persist.files import (
+    check_disk_space,
+    publish_version,
+    remove_stale_versions,
+    write_version,
+)
+from rb_lightning.persist.record import RANK_PREFIX, BufferRecord, RecordKind
 
 __all__ = [
     "BUFFER_DIR_SUFFIX",
@@ -37,44 +42,36 @@ __all__ = [
     "RankDumpsRequest",
     "beside_reference",
     "buffer_dir_for",
-    "resolve_reference",
     "staging_dir_for",
 ]
 
 BUFFER_DIR_SUFFIX = ".buffer"
-RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
 _STAGING_DIR = ".rb_lightning-staging"
 
 
 def beside_reference(
-    directory: Path, version: str, manifest: dict[str, Any], **extra: Any
+    directory: Path,
+    version: str,
+    manifest: dict[str, Any],
+    *,
+    kind: RecordKind = "beside",
+    world_size: int = 1,
 ) -> dict[str, Any]:
-    """What the ``.ckpt`` stores for a dump written to ``directory/version`` beside it."""
-    return {
-        "location": "beside",
-        **extra,
-        "dir": directory.name,
-        "version": version,
-        "len": manifest["len"],
-        "write_count": manifest["write_count"],
-    }
+    """The record the ``.ckpt`` stores for a dump written to ``directory/version`` beside it."""
+    record = BufferRecord(
+        kind=kind,
+        len=int(manifest["len"]),
+        write_count=int(manifest["write_count"]),
+        dir=directory.name,
+        version=version,
+        world_size=world_size,
+    )
+    return record.to_dict()
 
 
 def buffer_dir_for(checkpoint_path: str | os.PathLike) -> Path:
     """``<checkpoint>.buffer``, following symlinks (``save_last="link"``) to the real file."""
     return Path(os.path.realpath(checkpoint_path) + BUFFER_DIR_SUFFIX)
-
-
-def resolve_reference(reference: dict[str, Any], checkpoint_path: str | os.PathLike | None) -> Path:
-    """Directory of a ``"beside"`` buffer reference stored in a checkpoint."""
-    if "resolved" in reference:
-        return Path(reference["resolved"])
-    if checkpoint_path is None:
-        raise BufferCheckpointError(
-            "The checkpoint keeps its replay buffer beside the .ckpt file, but the checkpoint "
-            "path is unknown. Resume with Trainer.fit(..., ckpt_path=<file>)."
-        )
-    return Path(os.path.realpath(checkpoint_path)).parent / reference["dir"] / reference["version"]
 
 
 def staging_dir_for(trainer: Any) -> Path:
@@ -153,4 +150,6 @@ class RankDumpsRequest(BufferDumpRequest):
             shutil.rmtree(leftover, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.staged.parent.rmdir()
-        return beside_reference(directory, self.version, self.manifest, world_size=self.world_size)
+        return beside_reference(
+            directory, self.version, self.manifest, kind="ranks", world_size=self.world_size
+        )

@@ -37,17 +37,22 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from .background_save import BackgroundWriter
-from .beside import (
+from rb_lightning.persist.background_save import BackgroundWriter
+from rb_lightning.persist.beside import (
     BUFFER_DIR_SUFFIX,
     BufferDumpRequest,
     beside_reference,
     buffer_dir_for,
-    resolve_reference,
 )
-from .chunks import ChunkedSave, chunked_save_supported, collect_garbage, prepare_chunked_save
-from .files import remove_stale_versions, sync_path
-from .manifest import CHUNKS_DIR
+from rb_lightning.persist.chunks import (
+    ChunkedSave,
+    chunked_save_supported,
+    collect_garbage,
+    prepare_chunked_save,
+)
+from rb_lightning.persist.files import remove_stale_versions, sync_path
+from rb_lightning.persist.manifest import CHUNKS_DIR
+from rb_lightning.persist.record import resolve_records_in
 
 __all__ = ["STREAM_STATE_TAG", "WEIGHTS_ONLY_STATE", "BufferCheckpointIO", "install_checkpoint_io"]
 
@@ -357,8 +362,7 @@ class BufferCheckpointIO(CheckpointIO):
             path, map_location=map_location, **_weights_only(weights_only)
         )
         checkpoint.pop(_SAVE_KEY, None)
-        for reference in _find_references(checkpoint):
-            reference["resolved"] = str(resolve_reference(reference, path))
+        resolve_records_in(checkpoint, path)
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -450,7 +454,3 @@ def _find_requests(checkpoint: dict[str, Any]) -> list[tuple[dict[str, Any], str
     for value in _nested_dicts(checkpoint):
         found += [(value, k, v) for k, v in value.items() if isinstance(v, BufferDumpRequest)]
     return found
-
-
-def _find_references(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    return [value for value in _nested_dicts(checkpoint) if value.get("location") == "beside"]

@@ -1,8 +1,8 @@
 """A replay buffer to a dump directory and back: :func:`dump_buffer` and :func:`load_dump`.
 
 A dump is a directory of memory-mapped tensors (``.memmap``) and JSON, never a
-pickle, with a ``manifest.json`` (:mod:`rb_lightning.checkpoint.manifest`).
-How the items are written depends on the storage (:mod:`rb_lightning.checkpoint.kinds`).
+pickle, with a ``manifest.json`` (:mod:`rb_lightning.persist.manifest`).
+How the items are written depends on the storage (:mod:`rb_lightning.persist.kinds`).
 Loading verifies the dump before the buffer is touched, refuses a directory
 holding any other file (it could run code when read) and refuses a buffer
 built differently from the saved one, each with a :class:`BufferCheckpointError`
@@ -37,11 +37,10 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import ArgumentTypeError, BufferCheckpointError
-
-from .build import SAME_BUILD_HINT, buffer_build, check_same_build
-from .components import on_host
-from .kinds import kind_named, kind_of, writes_filled_rows_only
-from .manifest import (
+from rb_lightning.persist.build import SAME_BUILD_HINT, buffer_build, check_same_build
+from rb_lightning.persist.components import on_host
+from rb_lightning.persist.kinds import kind_named, kind_of, writes_filled_rows_only
+from rb_lightning.persist.manifest import (
     PENDING_DIR,
     Digests,
     Verify,

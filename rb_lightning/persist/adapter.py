@@ -11,8 +11,8 @@ from typing import Any
 
 from torchrl.checkpoint import CheckpointAdapter
 
-from .dumps import dump_buffer, load_dump
-from .manifest import FORMAT_VERSION
+from rb_lightning.persist.dumps import dump_buffer, load_dump
+from rb_lightning.persist.manifest import FORMAT_VERSION
 
 __all__ = ["BufferCheckpointAdapter"]
 

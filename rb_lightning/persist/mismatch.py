@@ -23,8 +23,7 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
-
-from .build import SAME_BUILD_HINT
+from rb_lightning.persist.build import SAME_BUILD_HINT
 
 __all__ = ["check_capacity", "require_storage", "unloadable"]
 

@@ -1,7 +1,7 @@
 """``ReplayBufferDataModule``: a torchrl replay buffer as a LightningDataModule.
 
 Its methods follow Lightning's hooks in the order a run calls them; what differs
-between kinds of buffers is in :mod:`rb_lightning.stream.handles`.
+between kinds of buffers is in :mod:`rb_lightning.buffers.handles`.
 """
 
 from __future__ import annotations
@@ -17,33 +17,31 @@ from tensordict.utils import NestedKey
 from torch.utils.data import DataLoader
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.checkpoint import (
-    DEFAULT_INLINE_MAX_BYTES,
-    Verify,
-    check_verify_mode,
-    install_checkpoint_io,
-)
+from rb_lightning.buffers.handles import BufferHandle, resolve_buffer
+from rb_lightning.buffers.priorities import InvalidPriority, check_invalid_priority_mode
+from rb_lightning.buffers.state import DEFAULT_INLINE_MAX_BYTES
 from rb_lightning.errors import MissingKeyError
-from rb_lightning.sources.buffer_sources import BufferSource, fill_for_stage, fill_sources
-from rb_lightning.stream.datasets import ReplayBufferBatchDataset, ReplayBufferPassDataset
-from rb_lightning.stream.device_prefetch import CopyEngine
-from rb_lightning.stream.epochs import AUTO, check_epoch_is_bounded, epoch_length
-from rb_lightning.stream.handles import BufferHandle, resolve_buffer
-from rb_lightning.stream.loader import LoaderOptions, batch_loader, model_dataloader
-from rb_lightning.stream.priorities import InvalidPriority, check_invalid_priority_mode
-from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
-from rb_lightning.stream.remote_prefetch import drained
-from rb_lightning.stream.sampling import BufferStream
-from rb_lightning.stream.spawn import copy_into_spawned_processes
-from rb_lightning.stream.state import fit_loop_progress
-from rb_lightning.stream.training import TrainingStream, check_training_options
-from rb_lightning.trainer_switches import (
+from rb_lightning.lightning.checkpoint_io import install_checkpoint_io
+from rb_lightning.lightning.epochs import AUTO, check_epoch_is_bounded, epoch_length
+from rb_lightning.lightning.spawn import copy_into_spawned_processes
+from rb_lightning.lightning.trainer_switches import (
     RepeatedBatches,
     check_stage_has_data,
+    model_dataloader,
     model_moves_batches,
     overfit_batch_count,
     refuse_weights_only_resume,
 )
+from rb_lightning.lightning.training import TrainingStream, check_training_options
+from rb_lightning.persist.manifest import Verify, check_verify_mode
+from rb_lightning.sources.buffer_sources import BufferSource, fill_for_stage, fill_sources
+from rb_lightning.stream import exporters
+from rb_lightning.stream.datasets import ReplayBufferBatchDataset, ReplayBufferPassDataset
+from rb_lightning.stream.device_prefetch import CopyEngine
+from rb_lightning.stream.loader import LoaderOptions, batch_loader
+from rb_lightning.stream.rate_limiter import SamplesPerInsert, check_rate_limiter
+from rb_lightning.stream.remote_prefetch import drained
+from rb_lightning.stream.state import fit_loop_progress
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -349,14 +347,19 @@ class ReplayBufferDataModule(LightningDataModule):
         )
 
     # -- export -----------------------------------------------------------------------------
-    def hf_export_defaults(self) -> dict[str, Any]:
+    def hf_export_defaults(self) -> exporters.ExportDefaults:
         """The training stream for :func:`~rb_lightning.hf.to_hf_dataset` ("auto": one pass)."""
         num_batches = self.num_batches
         if num_batches == AUTO:
             num_batches = max(1, math.ceil(len(self.replay_buffer) / self.batch_size))
-        rb, size, min_size = self.replay_buffer, self.batch_size, self.min_size
-        stream = BufferStream(rb, size, min_size=min_size, wait_timeout=self.wait_timeout)
-        return {"stream": stream, "keys": self.keys, "num_batches": num_batches}
+        return exporters.ExportDefaults(
+            self.replay_buffer,
+            self.batch_size,
+            keys=self.keys,
+            num_batches=num_batches,
+            min_size=self.min_size,
+            wait_timeout=self.wait_timeout,
+        )
 
     def as_hf_dataset(self, **options: Any) -> Any:
         """``to_hf_dataset(self, **options)``: the training stream for TRL (the ``hf`` extra).
@@ -370,9 +373,7 @@ class ReplayBufferDataModule(LightningDataModule):
             >>> len(list(ReplayBufferDataModule(rb, batch_size=4).as_hf_dataset()))
             8
         """
-        from rb_lightning.hf.export import to_hf_dataset  # imports `datasets`: only when asked
-
-        return to_hf_dataset(self, **options)
+        return exporters.export("hf", self, **options)
 
     def __repr__(self) -> str:
         return (

@@ -33,7 +33,7 @@ Examples:
     >>> first["changed_rows"], second["changed_rows"]  # the second save wrote 3 rows
     (8, 3)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(8))
-    >>> from rb_lightning.checkpoint import load_dump
+    >>> from rb_lightning.persist.dumps import load_dump
     >>> version = next((checkpoints / "b.ckpt.buffer").iterdir())
     >>> _ = load_dump(restored, version)
     >>> restored[:]["x"].tolist()
@@ -65,11 +65,10 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter, TensorDictRoun
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import ArgumentTypeError
-
-from .build import buffer_build
-from .components import dump_components, load_components, on_host
-from .files import check_disk_space, sync_path
-from .manifest import (
+from rb_lightning.persist.build import buffer_build
+from rb_lightning.persist.components import dump_components, load_components, on_host
+from rb_lightning.persist.files import check_disk_space, sync_path
+from rb_lightning.persist.manifest import (
     CHECKSUMS,
     CHUNKS_DIR,
     MANIFEST,
@@ -80,7 +79,7 @@ from .manifest import (
     file_digest,
     write_manifest,
 )
-from .mismatch import unloadable
+from rb_lightning.persist.mismatch import unloadable
 
 __all__ = [
     "CHUNKED_KIND",

@@ -16,19 +16,14 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from rb_lightning.checkpoint import Verify
-from rb_lightning.checkpoint.elastic import (
-    ResumeKeep,
-    check_resume_keep,
-    elastic_seed,
-    needs_redistribution,
-    with_resume_options,
-)
-from rb_lightning.checkpoint.io import STREAM_STATE_TAG
+from rb_lightning.buffers.handles import BufferHandle
+from rb_lightning.lightning.checkpoint_io import STREAM_STATE_TAG
+from rb_lightning.persist.elastic import ResumeKeep, check_resume_keep, plan_redistribution
+from rb_lightning.persist.manifest import Verify
+from rb_lightning.persist.record import BufferRecord
 from rb_lightning.stream.datasets import ReplayBufferBatchDataset
 from rb_lightning.stream.device_prefetch import DevicePrefetcher, make_prefetcher, move_batch
-from rb_lightning.stream.handles import BufferHandle
-from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader
+from rb_lightning.stream.loader import LoaderOptions, ResumableBatchLoader, check_servable
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
 from rb_lightning.stream.sampling import BufferStream, check_batches_per_draw
 from rb_lightning.stream.state import StreamState
@@ -40,7 +35,7 @@ def check_training_options(
     buffer: BufferHandle, batch_size: int, loader_options: LoaderOptions
 ) -> None:
     """Raise :class:`~rb_lightning.errors.UsageError` for options ``buffer`` cannot be trained from."""
-    buffer.check_options(batch_size, loader_options)
+    check_servable(buffer, batch_size, loader_options)
     check_batches_per_draw(buffer, loader_options.batches_per_draw)
 
 
@@ -59,13 +54,13 @@ class TrainingStream:
             given to version-gated samplers (``StalenessAwareSampler``) before each draw.
         resume_keep: A resume on another number of processes whose buffers cannot
             hold every saved item: ``"all"`` raises, ``"newest"`` drops the oldest
-            (see :mod:`rb_lightning.checkpoint.elastic`).
+            (see :mod:`rb_lightning.persist.elastic`).
 
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> from rb_lightning.stream.handles import resolve_buffer
+        >>> from rb_lightning.buffers.handles import resolve_buffer
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
         >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
         >>> stream = TrainingStream(0, LoaderOptions(), progress=lambda: None)
@@ -177,7 +172,7 @@ class TrainingStream:
 
         Saved by another number of processes, the buffer's items are dealt out anew
         and this rank samples with a seed of the saved stream, its rank and the new
-        world size (:func:`~rb_lightning.checkpoint.elastic.elastic_seed`).
+        world size (decided once: :func:`~rb_lightning.persist.elastic.plan_redistribution`).
         """
         self.state.load_state_dict(state["stream"])
         if self.rate_limiter is not None and "rate_limiter" in state:
@@ -185,11 +180,12 @@ class TrainingStream:
         saved = state.get("buffer")
         if saved is None:
             return
+        record = BufferRecord.from_dict(saved)
         rank, world_size = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
-        if needs_redistribution(saved, world_size):
-            seed = elastic_seed(state["stream"], rank, world_size)
-            saved = with_resume_options(saved, keep=self.resume_keep, seed=seed)
-        pending = buffer.load_state_dict(saved, trainer, verify=verify)
+        plan = plan_redistribution(
+            record, rank, world_size, keep=self.resume_keep, stream=state["stream"]
+        )
+        pending = buffer.load_state_dict(record, trainer, verify=verify, redistribution=plan)
         split = max(len(pending) - int(state.get("drawn_ahead", 0)), 0)
         self.state.replay_first(pending[:split])
         self._restored_draw = pending[split:]

@@ -11,11 +11,13 @@ given                         handle               checkpointed
 ============================  ===================  =========================================
 a ``ReplayBuffer``            :class:`LocalBuffer`   in the ``.ckpt`` or beside it
 the same, under DDP           :class:`RankBuffers`   one dump per rank, beside the ``.ckpt``
-a Ray-served buffer           :class:`RemoteBuffer`  by its actor, once, beside the ``.ckpt``
+a Ray-served buffer           ``RemoteBuffer``       by its actor, once, beside the ``.ckpt``
 a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
 ============================  ===================  =========================================
 
-A new kind of buffer is a new handle here, not a branch in every module using a buffer.
+A new kind of buffer is a new handle, registered (:func:`~rb_lightning.buffers.registry.register_buffer_kind`), not a
+branch in every module using a buffer: the Ray handles are registered by
+:mod:`rb_lightning.distributed`.
 
 Examples:
     >>> import torch
@@ -43,9 +45,11 @@ from torchrl.data import ListStorage, ReplayBuffer, ReplayBufferEnsemble, Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning import torchrl_compat
-from rb_lightning.checkpoint.components import ensure_generator
-from rb_lightning.checkpoint.manifest import Verify
-from rb_lightning.checkpoint.state import (
+from rb_lightning.buffers import priorities
+from rb_lightning.buffers.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.buffers.priorities import InvalidPriority, check_priority, current_max_priority
+from rb_lightning.buffers.registry import registered_handle
+from rb_lightning.buffers.state import (
     buffer_state,
     mixture_state,
     rank_buffer_state,
@@ -53,15 +57,11 @@ from rb_lightning.checkpoint.state import (
     restore_mixture_state,
 )
 from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
-from rb_lightning.distributed.ray_checkpoint import remote_buffer_state, restore_remote_buffer_state
 from rb_lightning.errors import MissingKeyError, UsageError
-from rb_lightning.sources.mixture import SOURCE_KEY, BufferMixture
-from rb_lightning.stream import priorities
-from rb_lightning.stream.device_prefetch import check_device_storage, storage_device
-from rb_lightning.stream.loader import LoaderOptions
-from rb_lightning.stream.priorities import InvalidPriority, check_priority, current_max_priority
-from rb_lightning.stream.remote_prefetch import remote_update_priority
-from rb_lightning.stream.sharding import is_remote
+from rb_lightning.persist.components import ensure_generator
+from rb_lightning.persist.elastic import Redistribution
+from rb_lightning.persist.manifest import Verify
+from rb_lightning.persist.record import BufferRecord
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ __all__ = [
     "LocalBuffer",
     "MixtureBuffer",
     "RankBuffers",
-    "RemoteBuffer",
+    "resolve_buffer",
+    "storage_device",
     "resolve_buffer",
 ]
 
@@ -79,8 +80,8 @@ def resolve_buffer(replay_buffer: ReplayBuffer, *, world_size: int = 1) -> Buffe
     """The handle for ``replay_buffer``: the only function that asks which kind it is.
 
     Args:
-        replay_buffer: A torchrl ``ReplayBuffer``, a Ray-served buffer or a
-            :class:`~rb_lightning.BufferMixture`.
+        replay_buffer: A torchrl ``ReplayBuffer``, a buffer of a registered kind
+            (a Ray-served one) or a :class:`~rb_lightning.BufferMixture`.
         world_size: Processes training together (DDP): above 1, an in-process
             buffer is one of :class:`RankBuffers`.
 
@@ -90,6 +91,8 @@ def resolve_buffer(replay_buffer: ReplayBuffer, *, world_size: int = 1) -> Buffe
     """
     if callable(own := getattr(replay_buffer, "buffer_handle", None)):  # e.g. a sharded one
         return own()
+    if (registered := registered_handle(replay_buffer)) is not None:  # a plugin's kind
+        return registered
     if isinstance(replay_buffer, BufferMixture):
         return MixtureBuffer(replay_buffer)
     if isinstance(replay_buffer, ReplayBufferEnsemble):
@@ -101,11 +104,30 @@ def resolve_buffer(replay_buffer: ReplayBuffer, *, world_size: int = 1) -> Buffe
             "fractions={'a': 0.5, 'b': 0.5}) (or weights=...): flat batches with a 'source' "
             "column, priorities and resume per member.",
         )
-    if is_remote(replay_buffer):
-        return RemoteBuffer(replay_buffer)
     if world_size > 1:
         return RankBuffers(replay_buffer)
     return LocalBuffer(replay_buffer)
+
+
+def storage_device(replay_buffer: Any) -> torch.device | None:
+    """The device a buffer's storage keeps its rows on, or ``None`` while unknown.
+
+    ``None`` for a lazy storage with ``device="auto"`` before its first write, for a
+    remote (Ray) buffer, and for a storage without a ``device``.
+
+    Examples:
+        >>> from torchrl.data import LazyTensorStorage
+        >>> storage_device(ReplayBuffer(storage=LazyTensorStorage(10, device="cpu")))
+        device(type='cpu')
+    """
+    try:
+        storage = replay_buffer.storage
+    except AttributeError:  # a remote buffer keeps its storage in its actor
+        return None
+    device = getattr(storage, "device", None)
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return None
+    return torch.device(device)
 
 
 def _in_shared_memory(storage: TensorStorage) -> bool:
@@ -172,19 +194,6 @@ class BufferHandle:
         return max(known) if known else None
 
     # -- checks and preparation -------------------------------------------------------------
-    def check_options(self, batch_size: int, loader: LoaderOptions) -> None:
-        """Raise :class:`UsageError` for options this buffer cannot be served with."""
-        self.check_num_workers(loader.num_workers)
-        self.check_batch_size(batch_size)
-        # A lazy storage with device="auto" learns its device at the first write: checked
-        # again when the train loader is built.
-        check_device_storage(
-            self.storage_device(),
-            num_workers=loader.num_workers,
-            pin_memory=loader.pin_memory,
-            prefetch_to_device=loader.prefetch_to_device is not False,
-        )
-
     def check_num_workers(self, num_workers: int) -> None:
         """Raise :class:`UsageError` if ``num_workers`` DataLoader workers cannot sample it."""
         if num_workers == 0:
@@ -329,14 +338,25 @@ class BufferHandle:
             self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
         )
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
-        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first."""
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
+        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first.
+
+        ``redistribution``: deal the saved ranks' items out anew (decided once,
+        by :func:`~rb_lightning.persist.elastic.plan_redistribution`).
+        """
         return restore_buffer_state(
             self.replay_buffer,
-            state,
+            record,
             trainer.ckpt_path if trainer is not None else None,
             rank=trainer.global_rank if trainer is not None else 0,
-            world_size=trainer.world_size if trainer is not None else 1,
+            redistribution=redistribution,
             verify=verify,
         )
 
@@ -351,54 +371,6 @@ class RankBuffers(BufferHandle):
     def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
         """Every rank's buffer, dumped by its rank beside the ``.ckpt`` (collective)."""
         return rank_buffer_state(self.replay_buffer, trainer, pending_batches=pending_batches)
-
-
-class RemoteBuffer(BufferHandle):
-    """A buffer served by a Ray actor that every process (rank, worker) shares."""
-
-    samples_in_process: ClassVar[bool] = False
-    update_priority = remote_update_priority  # sent without waiting (remote_prefetch)
-
-    def describe(self) -> str:
-        rb = self.replay_buffer
-        return f"{type(rb).__name__}(len={len(rb)}, served by a {rb.service_backend} actor)"
-
-    def in_process_buffers(self) -> list[ReplayBuffer]:
-        return []
-
-    def check_num_workers(self, num_workers: int) -> None:
-        if num_workers > 0:
-            raise UsageError(
-                "num_workers",
-                f"num_workers>0 with a {self.replay_buffer.service_backend}-backed replay "
-                "buffer: it samples in its own actor, so worker processes add nothing but "
-                "another connection. Use num_workers=0.",
-            )
-
-    def check_batch_size(self, batch_size: int) -> None:
-        """The actor samples whatever size each call asks for."""
-
-    def storage_device(self) -> torch.device | None:
-        return None  # the storage lives in the actor
-
-    def stored_keys(self) -> set[NestedKey] | None:
-        return None  # reading an item would be a round trip; checked at the first sample
-
-    def prepare(self, num_workers: int) -> None:
-        """Nothing to prepare: the actor owns the sampler and its generator."""
-
-    def reseed(self, seed: int) -> None:
-        """Left alone: re-seeding the one shared sampler from each process would reset it."""
-
-    def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
-        """The actor dumps itself beside the ``.ckpt``, on behalf of global rank 0 only."""
-        return remote_buffer_state(self.replay_buffer, trainer)
-
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
-        """Rank 0 loads the actor; every rank waits for it before sampling (collective)."""
-        path = trainer.ckpt_path if trainer is not None else None
-        restore_remote_buffer_state(self.replay_buffer, state, path, trainer, verify=verify)
-        return []
 
 
 class MixtureBuffer(BufferHandle):
@@ -494,7 +466,14 @@ class MixtureBuffer(BufferHandle):
             self.replay_buffer, inline_max_bytes=inline_max_bytes, pending_batches=pending_batches
         )
 
-    def load_state_dict(self, state: Any, trainer: Any, *, verify: Verify) -> list[Any]:
+    def load_state_dict(
+        self,
+        record: BufferRecord,
+        trainer: Any,
+        *,
+        verify: Verify,
+        redistribution: Redistribution | None = None,
+    ) -> list[Any]:
         """Every member verified before any member is loaded."""
         path = trainer.ckpt_path if trainer is not None else None
-        return restore_mixture_state(self.replay_buffer, state, path, verify=verify)
+        return restore_mixture_state(self.replay_buffer, record, path, verify=verify)

@@ -67,6 +67,8 @@ def buffer_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
         "storage": type(replay_buffer.storage).__name__,
         "capacity": int(replay_buffer.storage.max_size),
         "sampler": type(sampler).__name__,
+        # Where the reader finds a sampler that is not torchrl's (GroupSampler).
+        "sampler_module": type(sampler).__module__,
         "writer": type(replay_buffer.writer).__name__,
     }
     attributes = {

@@ -2,12 +2,13 @@
 
 A DDP run saves one dump per rank (``<ckpt>.buffer/<version>/rank<r>``), a single
 process one dump. Resumed with the same number of processes, each rank restores
-its own (:func:`~rb_lightning.checkpoint.restore_buffer_state`). Resumed with
-another number, :func:`restore_share` runs on every rank instead: it reads every
+its own (:func:`~rb_lightning.buffers.state.restore_buffer_state`). Resumed with
+another number (decided once, by :func:`plan_redistribution`), :func:`restore_share`
+runs on every rank instead: it reads every
 saved dump and keeps its share of their union, so each saved item (and its
 priority) lands on exactly one rank and the ranks' shares differ by one item at most.
 
-Which rank takes which item (:func:`deal_items`) is a function of the saved
+Which rank takes which item (:func:`dealt_items`) is a function of the saved
 lengths and the new world size only, so every rank computes the same split
 without talking to the others:
 
@@ -26,10 +27,11 @@ and each rank's generator is seeded from ``seed`` (:func:`elastic_seed`: the
 saved stream seed and position, the rank and the new world size).
 
 Examples:
-    >>> deal_items([4, 2], rank=0, world_size=3)  # (saved rank, j-th oldest of that rank)
-    [(0, 0), (1, 0)]
-    >>> [deal_items([4, 2], rank=r, world_size=3) for r in (1, 2)]
-    [[(0, 1), (0, 3)], [(0, 2), (1, 1)]]
+    >>> def dealt(rank):  # (saved rank, j-th oldest of that rank)
+    ...     saved, oldest_first = dealt_items([4, 2], rank, world_size=3)
+    ...     return list(zip(saved.tolist(), oldest_first.tolist()))
+    >>> [dealt(rank) for rank in range(3)]
+    [[(0, 0), (1, 0)], [(0, 1), (0, 3)], [(0, 2), (1, 1)]]
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,33 +53,27 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError, UsageError
-
-from .beside import RANK_PREFIX, resolve_reference
-from .build import buffer_build, compare_builds
-from .files import unpacked_directory
-from .kinds import kind_named
-from .manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
-from .mismatch import unloadable
+from rb_lightning.persist.build import buffer_build, compare_builds
+from rb_lightning.persist.kinds import kind_named
+from rb_lightning.persist.manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
+from rb_lightning.persist.mismatch import unloadable
+from rb_lightning.persist.record import RANK_KINDS, BufferRecord, record_dumps
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "RESUME_KEEP_MODES",
-    "RESUME_OPTIONS",
+    "Redistribution",
     "ResumeKeep",
     "check_resume_keep",
-    "deal_items",
+    "dealt_items",
     "elastic_seed",
-    "needs_redistribution",
+    "plan_redistribution",
     "restore_share",
-    "saved_world_size",
-    "with_resume_options",
 ]
 
 ResumeKeep = Literal["all", "newest"]
 RESUME_KEEP_MODES: tuple[str, ...] = ("all", "newest")
-#: Key of the load-time options (:func:`with_resume_options`) in a buffer state being restored.
-RESUME_OPTIONS = "resume_options"
 #: Dump kinds whose items can be dealt out (the others are written by a Ray buffer's actor).
 _DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items", "chunked_rows")
 
@@ -98,39 +95,49 @@ def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:
     return keep
 
 
-def saved_world_size(state: dict[str, Any]) -> int:
-    """The number of processes whose buffers a saved buffer state holds (1: one buffer).
+@dataclass(frozen=True)
+class Redistribution:
+    """A restore that deals every saved rank's items out to ``world_size`` ranks anew.
+
+    Made once per resume, by :func:`plan_redistribution`, and handed to the
+    restore (:func:`restore_share`): rank ``rank`` of ``world_size`` keeps its
+    share, ``keep`` says what to do when the shares do not fit, and ``seed``
+    seeds the buffer's new generator.
+    """
+
+    rank: int
+    world_size: int
+    keep: ResumeKeep = "all"
+    seed: int | None = None
+
+
+def plan_redistribution(
+    record: BufferRecord,
+    rank: int,
+    world_size: int,
+    *,
+    keep: ResumeKeep = "all",
+    stream: dict[str, Any] | None = None,
+) -> Redistribution | None:
+    """The one decision of a resume: deal the saved items out anew, or restore each rank's own.
+
+    ``None`` when each rank restores its own dump: the record was saved by
+    ``world_size`` processes, or is not a buffer of this run's processes (a Ray
+    buffer's actor serves every process; a mixture is one process's). Otherwise
+    the :class:`Redistribution`, seeded from the saved ``stream`` position
+    (:func:`elastic_seed`).
 
     Examples:
-        >>> saved_world_size({"location": "beside", "world_size": 3}), saved_world_size({})
-        (3, 1)
+        >>> ranks = BufferRecord(kind="ranks", world_size=2)
+        >>> plan_redistribution(ranks, 0, 3, stream={"seed": 1}).world_size
+        3
+        >>> plan_redistribution(ranks, 1, 2) is None, plan_redistribution(BufferRecord("inline"), 0, 1)
+        (True, None)
     """
-    return int(state.get("world_size", 1))
-
-
-def needs_redistribution(state: dict[str, Any], world_size: int) -> bool:
-    """Whether restoring ``state`` on ``world_size`` processes deals the saved items out anew.
-
-    Never for a Ray buffer's state (its actor serves every process) or a mixture's.
-
-    Examples:
-        >>> needs_redistribution({"location": "beside", "world_size": 2}, 3)
-        True
-        >>> needs_redistribution({"location": "inline"}, 1)
-        False
-    """
-    located = state.get("location") in ("inline", "beside") and not state.get("remote")
-    return located and saved_world_size(state) != int(world_size)
-
-
-def with_resume_options(state: dict[str, Any], *, keep: ResumeKeep, seed: int) -> dict[str, Any]:
-    """``state`` with the options :func:`restore_share` takes, for a restore of it.
-
-    Examples:
-        >>> with_resume_options({"location": "inline"}, keep="all", seed=3)[RESUME_OPTIONS]
-        {'keep': 'all', 'seed': 3}
-    """
-    return {**state, RESUME_OPTIONS: {"keep": check_resume_keep(keep), "seed": int(seed)}}
+    if record.kind not in RANK_KINDS or record.saved_world_size == int(world_size):
+        return None
+    seed = elastic_seed(stream or {}, rank, world_size)
+    return Redistribution(int(rank), int(world_size), check_resume_keep(keep), seed)
 
 
 def elastic_seed(stream: dict[str, Any], rank: int, world_size: int) -> int:
@@ -152,23 +159,20 @@ def elastic_seed(stream: dict[str, Any], rank: int, world_size: int) -> int:
     return seed
 
 
-def deal_items(
-    lengths: Sequence[int], rank: int, world_size: int, *, keep_last: int | None = None
-) -> list[tuple[int, int]]:
+def dealt_items(
+    lengths: Sequence[int], rank: int, world_size: int, keep_last: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The saved items rank ``rank`` of ``world_size`` takes, in the order it writes them.
 
-    Each item is ``(saved rank, j)``: the ``j``-th oldest item of that saved rank's
-    buffer of ``lengths[saved rank]`` items. See the module's description for the
-    order; ``keep_last``: deal only the newest ``keep_last`` items of the union.
+    Two tensors: each item's saved rank, and its position from that saved
+    rank's oldest item (of ``lengths[saved rank]``). See the module's description
+    for the order; ``keep_last``: deal only the newest ``keep_last`` items of the union.
+
+    Examples:
+        >>> saved, oldest_first = dealt_items([3, 2], rank=0, world_size=2)
+        >>> list(zip(saved.tolist(), oldest_first.tolist()))
+        [(0, 0), (1, 0), (1, 1)]
     """
-    saved, oldest_first = _dealt(lengths, rank, world_size, keep_last)
-    return list(zip(saved.tolist(), oldest_first.tolist(), strict=True))
-
-
-def _dealt(
-    lengths: Sequence[int], rank: int, world_size: int, keep_last: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`deal_items` as two tensors: saved ranks, and positions from each one's oldest."""
     counts = torch.tensor([0, *lengths], dtype=torch.long)[1:]
     saved = torch.repeat_interleave(torch.arange(len(counts)), counts)
     starts = torch.cumsum(counts, 0) - counts
@@ -184,45 +188,42 @@ def _dealt(
 
 def restore_share(
     replay_buffer: ReplayBuffer,
-    state: dict[str, Any],
-    checkpoint_path: str | os.PathLike | None = None,
+    record: BufferRecord | Mapping[str, Any],
+    checkpoint_path: str | os.PathLike | None,
+    redistribution: Redistribution,
     *,
-    rank: int = 0,
-    world_size: int = 1,
     verify: Verify = "full",
-    keep: ResumeKeep = "all",
-    seed: int | None = None,
 ) -> list[Any]:
-    """Replace ``replay_buffer``'s content with rank ``rank``'s share of every saved buffer.
+    """Replace ``replay_buffer``'s content with this rank's share of every saved buffer.
 
-    ``state``: a buffer state saved by another number of processes than
-    ``world_size`` (see :func:`needs_redistribution`). Every dump is verified
+    ``record``: a buffer saved by another number of processes than the
+    redistribution's ``world_size`` (see :func:`plan_redistribution`). Every dump is verified
     (``verify``) and checked against ``replay_buffer``'s build (storage, sampler
     and its settings, writer; the capacity may differ) before anything is loaded.
     A ``PrioritizedSampler``'s priorities move with their items. Returns no
     read-ahead batches: those of the saved ranks are dropped.
 
-    Keyword Args:
-        keep: ``"all"``: raise :class:`BufferCheckpointError` when the ranks'
-            buffers cannot hold every saved item; ``"newest"``: drop the oldest.
-        seed: Seed of the buffer's new generator (default: :func:`elastic_seed`
-            of an empty stream state).
+    ``redistribution.keep``: ``"all"`` raises :class:`BufferCheckpointError` when the
+    ranks' buffers cannot hold every saved item; ``"newest"`` drops the oldest.
 
     Examples:
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage
-        >>> from rb_lightning.checkpoint import buffer_state
+        >>> from rb_lightning.buffers.state import buffer_state
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
         >>> _ = rb.extend(TensorDict({"x": torch.arange(5)}, batch_size=[5]))
-        >>> state = buffer_state(rb)  # one process's buffer, resumed on 2 ranks:
+        >>> record = BufferRecord.from_dict(buffer_state(rb))  # one process's, on 2 ranks:
         >>> shares = [ReplayBuffer(storage=LazyTensorStorage(4)) for _ in range(2)]
         >>> for rank, share in enumerate(shares):
-        ...     _ = restore_share(share, state, rank=rank, world_size=2)
+        ...     plan = plan_redistribution(record, rank, 2)
+        ...     _ = restore_share(share, record, None, plan)
         >>> [share[:]["x"].tolist() for share in shares]
         [[0, 2, 4], [1, 3]]
     """
-    keep = check_resume_keep(keep)
-    with _saved_dumps(state, checkpoint_path) as roots:
+    record = BufferRecord.of(record)
+    rank, world_size = redistribution.rank, redistribution.world_size
+    keep, seed = redistribution.keep, redistribution.seed
+    with _saved_dumps(record, checkpoint_path) as roots:
         manifests = [read_manifest(root, verify="none") for root in roots]
         lengths = [int(manifest["len"]) for manifest in manifests]
         kept = _kept(lengths, replay_buffer, world_size, keep)
@@ -231,7 +232,7 @@ def restore_share(
             check_plain_files(root)
         for root, manifest in zip(roots, manifests, strict=True):
             _check_dealable(replay_buffer, root, manifest)
-        share = _dealt(lengths, rank, world_size, kept)
+        share = dealt_items(lengths, rank, world_size, kept)
         items, priorities, max_priority = _gather(replay_buffer, roots, manifests, share)
         _write(replay_buffer, roots[0], items, priorities, max_priority)
     if seed is None:
@@ -240,7 +241,7 @@ def restore_share(
     logger.info(
         "Resumed on %d process(es) a checkpoint of %d: rank %d holds %d of the %d saved items.",
         world_size,
-        saved_world_size(state),
+        record.saved_world_size,
         rank,
         len(share[0]),
         sum(lengths),
@@ -250,25 +251,17 @@ def restore_share(
 
 @contextlib.contextmanager
 def _saved_dumps(
-    state: dict[str, Any], checkpoint_path: str | os.PathLike | None
+    record: BufferRecord, checkpoint_path: str | os.PathLike | None
 ) -> Iterator[list[Path]]:
-    """The dump directories of ``state``, in saved-rank order (an inline one unpacked meanwhile)."""
-    location = state.get("location")
-    if location == "inline":
-        with unpacked_directory(state["archive"], checkpoint_path) as root:
-            yield [root]
-        return
-    if location != "beside":
+    """The dump directories of ``record``, in saved-rank order (an inline one unpacked meanwhile)."""
+    if record.kind not in RANK_KINDS:
         raise BufferCheckpointError(
-            f"A replay buffer saved as {location!r} cannot be dealt out to another number of "
-            "processes: only buffers of this process ('inline', 'beside') can. Resume with the "
+            f"A replay buffer saved as {record.describe()} cannot be dealt out to another "
+            "number of processes: only buffers of the run's processes can. Resume with the "
             "number of processes it was saved with."
         )
-    root = resolve_reference(state, checkpoint_path)
-    if "world_size" not in state:
-        yield [root]
-        return
-    yield [root / f"{RANK_PREFIX}{rank}" for rank in range(saved_world_size(state))]
+    with record_dumps(record, checkpoint_path) as dumps:
+        yield list(dumps.values())
 
 
 def _kept(lengths: list[int], replay_buffer: ReplayBuffer, world_size: int, keep: str) -> int:

@@ -3,7 +3,7 @@
 Each kind saves a buffer's items (:meth:`DumpKind.save`), checks that a
 buffer can take a saved dump before it is touched (:meth:`DumpKind.verify`)
 and loads it (:meth:`DumpKind.load`); sampler, writer and generator state go
-through :mod:`rb_lightning.checkpoint.components`. Only tensors and JSON are
+through :mod:`rb_lightning.persist.components`. Only tensors and JSON are
 written, never a pickle.
 
 * ``list_items``: a ``ListStorage``, one memory-mapped TensorDict per item;
@@ -12,7 +12,7 @@ written, never a pickle.
   only, restored into a buffer of the saved capacity (checkpoints sized by content);
 * ``whole_storage``: any other tensor storage, written by its own checkpointer;
 * ``chunked_rows``: a tensor storage saved in chunks shared between checkpoints
-  (:mod:`rb_lightning.checkpoint.chunks`, written by ``BufferCheckpointIO(incremental=True)``);
+  (:mod:`rb_lightning.persist.chunks`, written by ``BufferCheckpointIO(incremental=True)``);
 * ``torchrl_dumps`` and ``remote_empty``: written by a Ray buffer's actor with
   torchrl's ``dumps`` (:mod:`rb_lightning.distributed.ray_checkpoint`), read here too.
 
@@ -50,11 +50,17 @@ from torchrl.data.replay_buffers.storages import (
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
-
-from .chunks import CHUNKED_KIND, check_chunk_files, load_chunked_rows
-from .components import dump_components, load_components, on_host
-from .manifest import LIST_DIR, STORAGE_DIR, TENSOR_ROWS, TRANSFORM_STATE, Digests, not_this_layout
-from .mismatch import check_capacity, require_storage, unloadable
+from rb_lightning.persist.chunks import CHUNKED_KIND, check_chunk_files, load_chunked_rows
+from rb_lightning.persist.components import dump_components, load_components, on_host
+from rb_lightning.persist.manifest import (
+    LIST_DIR,
+    STORAGE_DIR,
+    TENSOR_ROWS,
+    TRANSFORM_STATE,
+    Digests,
+    not_this_layout,
+)
+from rb_lightning.persist.mismatch import check_capacity, require_storage, unloadable
 
 __all__ = [
     "KINDS",
@@ -281,9 +287,9 @@ class WholeStorage(DumpKind):
 
 
 class ChunkedRows(DumpKind):
-    """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.checkpoint.chunks`).
+    """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.persist.chunks`).
 
-    Never picked by :func:`kind_of`: :func:`~rb_lightning.checkpoint.chunks.prepare_chunked_save`
+    Never picked by :func:`kind_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
     writes it; read here like any other dump.
     """
 
@@ -291,7 +297,7 @@ class ChunkedRows(DumpKind):
 
     def save(self, replay_buffer: ReplayBuffer, root: Path, digests: Digests) -> dict[str, Any]:
         raise BufferCheckpointError(
-            "A chunked_rows dump is written by rb_lightning.checkpoint.chunks.prepare_chunked_save "
+            "A chunked_rows dump is written by rb_lightning.persist.chunks.prepare_chunked_save "
             "(BufferCheckpointIO(incremental=True)), not by dump_buffer."
         )
 

@@ -20,10 +20,11 @@ Examples:
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
     >>> state = buffer_state(rb)  # small: packed inline, as the DataModule's state_dict holds it
-    >>> state["location"], state["len"]
+    >>> record = BufferRecord.from_dict(state)
+    >>> record.kind, record.len
     ('inline', 4)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(10))
-    >>> restore_buffer_state(restored, state)
+    >>> restore_buffer_state(restored, record)
     []
     >>> restored[:]["x"].tolist(), restored.write_count
     ([0, 1, 2, 3], 4)
@@ -31,12 +32,11 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,22 +46,20 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.storages import ListStorage
 
 from rb_lightning.errors import BufferCheckpointError
-
-from .beside import (
-    RANK_PREFIX,
-    BufferDumpRequest,
-    RankDumpsRequest,
-    resolve_reference,
-    staging_dir_for,
+from rb_lightning.persist.beside import BufferDumpRequest, RankDumpsRequest, staging_dir_for
+from rb_lightning.persist.components import ensure_generator
+from rb_lightning.persist.dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
+from rb_lightning.persist.elastic import Redistribution, restore_share
+from rb_lightning.persist.files import (
+    check_disk_space,
+    pack_directory,
+    sync_path,
 )
-from .components import ensure_generator
-from .dumps import buffer_nbytes, dump_buffer, dump_nbytes, load_dump
-from .elastic import RESUME_OPTIONS, needs_redistribution, restore_share
-from .files import check_disk_space, pack_directory, sync_path, unpacked_directory
-from .manifest import Verify, read_manifest
+from rb_lightning.persist.manifest import Verify, read_manifest
+from rb_lightning.persist.record import RANK_PREFIX, BufferRecord, mixture_record, record_dumps
 
 if TYPE_CHECKING:
-    from rb_lightning.sources.mixture import BufferMixture
+    from rb_lightning.buffers.mixture import BufferMixture
 
 __all__ = [
     "DEFAULT_INLINE_MAX_BYTES",
@@ -100,12 +98,10 @@ def buffer_state(
     with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
         manifest = dump_buffer(replay_buffer, Path(tmp) / "buffer", pending_batches=pending_batches)
         archive = pack_directory(Path(tmp) / "buffer")
-    return {
-        "location": "inline",
-        "archive": archive,
-        "len": manifest["len"],
-        "write_count": manifest["write_count"],
-    }
+    record = BufferRecord(
+        kind="inline", len=manifest["len"], write_count=manifest["write_count"], archive=archive
+    )
+    return record.to_dict()
 
 
 def mixture_state(
@@ -128,17 +124,12 @@ def mixture_state(
             inline_max_bytes=inline_max_bytes,
             pending_batches=pending_batches if number == 0 else (),
         )
-    return {
-        "location": "mixture",
-        "names": mixture.names,
-        "members": members,
-        "generator": None if generator is None else generator.get_state(),
-    }
+    return mixture_record(members, None if generator is None else generator.get_state())
 
 
 def restore_mixture_state(
     mixture: BufferMixture,
-    state: dict[str, Any],
+    record: BufferRecord | Mapping[str, Any],
     checkpoint_path: str | os.PathLike | None = None,
     *,
     verify: Verify = "full",
@@ -149,36 +140,30 @@ def restore_mixture_state(
     :func:`~rb_lightning.checkpoint.read_manifest`) before any member is
     loaded, so a damaged member leaves the whole mixture as it was.
     """
-    if state.get("location") != "mixture":
+    record = BufferRecord.of(record)
+    if not record.is_mixture:
         raise BufferCheckpointError(
             "The checkpoint holds a single replay buffer, and the DataModule samples a "
             f"BufferMixture of {mixture.names}. Resume with the buffer the checkpoint was "
             "saved with, or start a new run."
         )
-    if list(state["names"]) != mixture.names:
+    if record.names != mixture.names:
         raise BufferCheckpointError(
-            f"The checkpoint holds a mixture of {list(state['names'])}, and the DataModule's "
+            f"The checkpoint holds a mixture of {record.names}, and the DataModule's "
             f"mixture has members {mixture.names}. Resume with the same member names, in the "
             "same order (their order gives the source ids)."
         )
     pending: list[TensorDictBase] = []
-    with contextlib.ExitStack() as stack:
-        roots = {
-            name: stack.enter_context(_dump_directory(state["members"][name], checkpoint_path))
-            for name in mixture.members
-        }
+    with record_dumps(record, checkpoint_path) as roots:
         for root in roots.values():
-            if root is not None:
-                read_manifest(root, verify=verify)
+            read_manifest(root, verify=verify)
         for name, member in mixture.members.items():
-            root = roots[name]
-            if root is not None:
-                pending += load_dump(member, root, verify="none")  # verified
-    if state.get("generator") is not None:
+            pending += load_dump(member, roots[name], verify="none")  # verified
+    if record.generator is not None:
         generator = ensure_generator(mixture)
         if generator is None:
             generator = torch.Generator()
-        generator.set_state(state["generator"])
+        generator.set_state(record.generator)
         mixture.set_rng(generator)  # each member's own restored generator is replaced
     return pending
 
@@ -230,68 +215,35 @@ def rank_buffer_state(
 
 def restore_buffer_state(
     replay_buffer: ReplayBuffer,
-    state: dict[str, Any],
+    record: BufferRecord | Mapping[str, Any],
     checkpoint_path: str | os.PathLike | None = None,
     *,
     rank: int = 0,
-    world_size: int = 1,
+    redistribution: Redistribution | None = None,
     verify: Verify = "full",
 ) -> list[TensorDictBase]:
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
 
-    ``rank`` and ``world_size``: of the restoring process. A checkpoint of a DDP
-    run holds one buffer per rank; each rank restores its own. Saved by another
-    number of processes, every rank takes its share of all the saved items instead
-    (:func:`~rb_lightning.checkpoint.elastic.restore_share`, with the options
-    :func:`~rb_lightning.checkpoint.elastic.with_resume_options` put in ``state``).
-    ``verify``: what is checked before the buffer is touched (see
-    :func:`~rb_lightning.checkpoint.read_manifest`).
+    ``record``: the :class:`~rb_lightning.persist.record.BufferRecord`, or the dict a
+    checkpoint stores of it. ``rank``: of the restoring process. A checkpoint of a DDP run holds one
+    buffer per rank; each rank restores its own. With a ``redistribution``
+    (:func:`~rb_lightning.persist.elastic.plan_redistribution`: saved by another
+    number of processes), every rank takes its share of all the saved items
+    instead. ``verify``: what is checked before the buffer is touched (see
+    :func:`~rb_lightning.persist.manifest.read_manifest`). Another rank's
+    placeholder (kind ``"elsewhere"``, of a Ray run) restores nothing.
     """
-    if needs_redistribution(state, world_size):
-        options = state.get(RESUME_OPTIONS, {})
-        return restore_share(
-            replay_buffer,
-            state,
-            checkpoint_path,
-            rank=rank,
-            world_size=world_size,
-            verify=verify,
-            **options,
+    record = BufferRecord.of(record)
+    if redistribution is not None:
+        return restore_share(replay_buffer, record, checkpoint_path, redistribution, verify=verify)
+    if record.kind not in ("inline", "beside", "ranks", "elsewhere"):
+        raise BufferCheckpointError(
+            f"The checkpoint holds {record.describe()}, and the DataModule's replay buffer is "
+            "a single buffer of this process. Resume with the kind of buffer the checkpoint "
+            "was saved with, or start a new run."
         )
-    with _dump_directory(state, checkpoint_path, rank=rank) as root:
-        if root is None:
+    with record_dumps(record, checkpoint_path) as dumps:
+        if not dumps:
             return []
+        root = dumps[f"{RANK_PREFIX}{rank}"] if record.kind == "ranks" else dumps[""]
         return load_dump(replay_buffer, root, verify=verify)
-
-
-@contextlib.contextmanager
-def _dump_directory(
-    state: dict[str, Any],
-    checkpoint_path: str | os.PathLike | None,
-    *,
-    rank: int = 0,
-) -> Iterator[Path | None]:
-    """The dump directory of a :func:`buffer_state` (an inline one unpacked meanwhile).
-
-    ``None`` for the placeholder a rank other than 0 of a Ray run stores
-    (``location="remote"``): that rank saved no buffer, so it restores nothing.
-    """
-    location = state.get("location")
-    if location == "remote":
-        yield None
-        return
-    if location == "inline":
-        with unpacked_directory(state["archive"], checkpoint_path) as root:
-            yield root
-        return
-    if location == "beside":
-        root = resolve_reference(state, checkpoint_path)
-        if "world_size" in state:
-            root = root / f"{RANK_PREFIX}{rank}"
-        yield root
-        return
-    raise BufferCheckpointError(
-        f"Unknown replay-buffer location {location!r} in the checkpoint: this rb_lightning "
-        "writes 'inline' and 'beside'. Resume from a checkpoint written by this version of "
-        "rb_lightning, or start a new run."
-    )

@@ -1,0 +1,383 @@
+"""The one record of a saved buffer's state: what a checkpoint holds for its buffer, by kind.
+
+A DataModule's checkpoint stores, under ``"buffer"``, a :class:`BufferRecord`
+as a plain dict (:meth:`BufferRecord.to_dict`: tensors, numbers and strings, so
+``torch.load(weights_only=True)`` reads it). Every module that reads a saved
+buffer asks the record (:meth:`BufferRecord.from_dict`) what kind it is,
+where its dumps are (:func:`record_dumps`) and how many ranks saved it; none
+reads the dict's keys itself.
+
+========== =================================================================
+kind       what the checkpoint holds
+========== =================================================================
+inline     one buffer's dump, packed into the ``.ckpt`` (``archive``)
+beside     one buffer's dump in ``<ckpt>.buffer/<version>``
+ranks      one dump per DDP rank in ``<ckpt>.buffer/<version>/rank<r>``
+actor      a Ray buffer's dump, written by its actor, beside the ``.ckpt``
+shards     a sharded Ray buffer's dumps, one per shard, beside the ``.ckpt``
+elsewhere  nothing: the buffer is in another rank's checkpoint (rank 0's)
+mixture    one record per member of a ``BufferMixture``, and its generator
+========== =================================================================
+
+Checkpoints written before the record (a dict tagged ``"location"``) are read
+as the same kinds.
+
+Examples:
+    >>> record = BufferRecord(kind="beside", len=3, write_count=3, dir="last.ckpt.buffer",
+    ...                       version="v1")
+    >>> saved = record.to_dict()
+    >>> saved["kind"], saved["record"]
+    ('beside', 1)
+    >>> BufferRecord.from_dict(saved) == record
+    True
+    >>> BufferRecord.from_dict({"location": "beside", "dir": "d", "version": "v",
+    ...                         "world_size": 2, "len": 4, "write_count": 4}).kind
+    'ranks'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+
+from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.files import unpacked_directory
+
+__all__ = [
+    "RANK_PREFIX",
+    "RECORD_VERSION",
+    "BufferRecord",
+    "RecordKind",
+    "find_record",
+    "is_record",
+    "mixture_record",
+    "record_dumps",
+    "resolve_records_in",
+]
+
+#: Version of the record's layout; a checkpoint with a newer one is refused.
+RECORD_VERSION = 1
+RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
+
+RecordKind = Literal["inline", "beside", "ranks", "actor", "shards", "elsewhere", "mixture"]
+KINDS: tuple[str, ...] = get_args(RecordKind)
+#: Kinds whose dumps live in a directory beside the ``.ckpt``.
+BESIDE_KINDS = frozenset({"beside", "ranks", "actor", "shards"})
+#: Kinds holding the buffer of processes of this run, which a resume can deal out anew.
+RANK_KINDS = frozenset({"inline", "beside", "ranks"})
+
+
+@dataclass(frozen=True)
+class BufferRecord:
+    """A saved buffer's state, by kind (see the module's table).
+
+    Attributes:
+        kind: What the checkpoint holds.
+        len: Items saved (all ranks' together for ``ranks``).
+        write_count: The buffer's ``write_count`` when saved.
+        archive: ``inline``: the packed dump (a ``uint8`` tensor).
+        dir: Beside kinds: the directory beside the ``.ckpt`` (``last.ckpt.buffer``).
+        version: Beside kinds: the dump's version directory inside ``dir``.
+        world_size: ``ranks``: how many DDP ranks saved a dump each.
+        members: ``mixture``: one record per member, in source-id order.
+        generator: ``mixture``: the state of the generator every member samples with.
+        resolved: Beside kinds, once read from a file: the dump's directory.
+    """
+
+    kind: RecordKind
+    len: int = 0
+    write_count: int = 0
+    archive: torch.Tensor | None = None
+    dir: str | None = None
+    version: str | None = None
+    world_size: int = 1
+    members: dict[str, BufferRecord] = field(default_factory=dict)
+    generator: torch.Tensor | None = None
+    resolved: str | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BufferRecord):
+            return NotImplemented
+        return _comparable(self.to_dict()) == _comparable(other.to_dict())
+
+    __hash__ = None  # type: ignore[assignment]  # mutable tensors inside
+
+    # -- questions every reader asks ---------------------------------------------------------
+    @property
+    def is_beside(self) -> bool:
+        """Whether the dumps are in a directory beside the ``.ckpt``."""
+        return self.kind in BESIDE_KINDS
+
+    @property
+    def is_mixture(self) -> bool:
+        return self.kind == "mixture"
+
+    @property
+    def saved_world_size(self) -> int:
+        """Processes whose buffers the record holds, one each (``1``: one buffer)."""
+        return self.world_size if self.kind == "ranks" else 1
+
+    @property
+    def names(self) -> list[str]:
+        """A mixture's member names, in source-id order (``[]`` for any other kind)."""
+        return list(self.members)
+
+    def describe(self) -> str:
+        """The kind in words, for messages ("its buffer saved beside it").
+
+        Examples:
+            >>> BufferRecord(kind="ranks", world_size=2).describe()
+            'one buffer per DDP rank (2 ranks), saved beside it'
+        """
+        return {
+            "inline": "its buffer inside the .ckpt",
+            "beside": "its buffer saved beside it",
+            "ranks": f"one buffer per DDP rank ({self.world_size} ranks), saved beside it",
+            "actor": "a Ray buffer's content, saved beside it by its actor",
+            "shards": "a sharded Ray buffer's content, saved beside it by its actors",
+            "elsewhere": "no buffer: rank 0's checkpoint holds it",
+            "mixture": f"a BufferMixture of {self.names}",
+        }[self.kind]
+
+    def directory(self, checkpoint_path: str | os.PathLike | None) -> Path:
+        """The dump directory of a beside kind, for the ``.ckpt`` at ``checkpoint_path``."""
+        if not self.is_beside:
+            raise BufferCheckpointError(
+                f"A replay buffer saved as {self.kind!r} has no directory beside the .ckpt."
+            )
+        if self.resolved is not None:
+            return Path(self.resolved)
+        if checkpoint_path is None:
+            raise BufferCheckpointError(
+                "The checkpoint keeps its replay buffer beside the .ckpt file, but the "
+                "checkpoint path is unknown. Resume with Trainer.fit(..., ckpt_path=<file>)."
+            )
+        folder = Path(os.path.realpath(checkpoint_path)).parent
+        return folder / str(self.dir) / str(self.version)
+
+    def with_resolved(self, checkpoint_path: str | os.PathLike) -> BufferRecord:
+        """This record with its (and its members') beside directories resolved."""
+        if self.is_mixture:
+            members = {n: m.with_resolved(checkpoint_path) for n, m in self.members.items()}
+            return replace(self, members=members)
+        if self.is_beside and self.resolved is None:
+            return replace(self, resolved=str(self.directory(checkpoint_path)))
+        return self
+
+    # -- the dict a checkpoint stores --------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the checkpoint stores it: only the fields its kind uses."""
+        saved: dict[str, Any] = {"record": RECORD_VERSION, "kind": self.kind}
+        if self.kind == "mixture":
+            saved["members"] = {name: m.to_dict() for name, m in self.members.items()}
+            saved["generator"] = self.generator
+            return saved
+        if self.kind == "elsewhere":
+            return saved
+        saved.update(len=int(self.len), write_count=int(self.write_count))
+        if self.kind == "inline":
+            saved["archive"] = self.archive
+        else:
+            saved.update(dir=self.dir, version=self.version)
+        if self.kind == "ranks":
+            saved["world_size"] = int(self.world_size)
+        if self.resolved is not None:
+            saved["resolved"] = self.resolved
+        return saved
+
+    @classmethod
+    def of(cls, saved: BufferRecord | Mapping[str, Any]) -> BufferRecord:
+        """``saved`` if it is a record already, else :meth:`from_dict` of it."""
+        return saved if isinstance(saved, BufferRecord) else cls.from_dict(saved)
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> BufferRecord:
+        """Read a record stored by :meth:`to_dict`, or by a version before the record."""
+        if "location" in saved and "kind" not in saved:
+            return cls._from_location_dict(saved)
+        version = saved.get("record")
+        if not isinstance(version, int) or version > RECORD_VERSION:
+            raise BufferCheckpointError(
+                f"The checkpoint's replay-buffer record has version {version!r}, and this "
+                f"rb_lightning reads versions up to {RECORD_VERSION}. Read it with the "
+                "rb_lightning version that wrote it, or upgrade rb_lightning."
+            )
+        kind = saved.get("kind")
+        if kind not in KINDS:
+            raise BufferCheckpointError(
+                f"Unknown replay-buffer record kind {kind!r}: this rb_lightning reads "
+                f"{', '.join(KINDS)}. Read the checkpoint with the rb_lightning version that "
+                "wrote it."
+            )
+        members = {
+            name: cls.from_dict(member) for name, member in (saved.get("members") or {}).items()
+        }
+        return cls(
+            kind=kind,
+            len=int(saved.get("len", 0)),
+            write_count=int(saved.get("write_count", 0)),
+            archive=saved.get("archive"),
+            dir=saved.get("dir"),
+            version=saved.get("version"),
+            world_size=int(saved.get("world_size", 1)),
+            members=members,
+            generator=saved.get("generator"),
+            resolved=saved.get("resolved"),
+        )
+
+    @classmethod
+    def _from_location_dict(cls, saved: Mapping[str, Any]) -> BufferRecord:
+        """A checkpoint of the format before the record: ``{"location": ..., ...}``."""
+        location = saved["location"]
+        if location == "mixture":
+            members = {
+                name: cls.from_dict(saved["members"][name]) for name in saved.get("names", ())
+            }
+            return cls(kind="mixture", members=members, generator=saved.get("generator"))
+        if location == "remote":
+            return cls(kind="elsewhere")
+        if location == "inline":
+            kind: RecordKind = "inline"
+        elif location == "beside":
+            kind = (
+                "ranks"
+                if "world_size" in saved
+                else "shards"
+                if saved.get("sharded")
+                else "actor"
+                if saved.get("remote")
+                else "beside"
+            )
+        else:
+            raise BufferCheckpointError(
+                f"Unknown replay-buffer location {location!r}: this rb_lightning reads "
+                "'inline', 'beside', 'remote' and 'mixture'. Read the checkpoint with the "
+                "rb_lightning version that wrote it."
+            )
+        return cls(
+            kind=kind,
+            len=int(saved.get("len", 0)),
+            write_count=int(saved.get("write_count", 0)),
+            archive=saved.get("archive"),
+            dir=saved.get("dir"),
+            version=saved.get("version"),
+            world_size=int(saved.get("world_size", 1)),
+            resolved=saved.get("resolved"),
+        )
+
+
+def mixture_record(members: Mapping[str, Any], generator: torch.Tensor | None) -> dict[str, Any]:
+    """The record of a mixture as the checkpoint stores it, in source-id order.
+
+    ``members``: each member's stored record; at save time a member too large for
+    the ``.ckpt`` is still a dump request, which ``BufferCheckpointIO`` replaces
+    by its record in place.
+    """
+    return {
+        "record": RECORD_VERSION,
+        "kind": "mixture",
+        "members": dict(members),
+        "generator": generator,
+    }
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.flatten().tolist())
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
+
+
+def is_record(value: Any) -> bool:
+    """Whether ``value`` is a saved buffer record (either format) as a checkpoint stores it.
+
+    Examples:
+        >>> is_record({"record": 1, "kind": "inline"}), is_record({"location": "beside"})
+        (True, True)
+        >>> is_record({"state_dict": {}})
+        False
+    """
+    return isinstance(value, Mapping) and (
+        "kind" in value and "record" in value or "location" in value
+    )
+
+
+def find_record(checkpoint: Any) -> BufferRecord | None:
+    """The buffer record a ``ReplayBufferDataModule`` saved in a loaded checkpoint dict.
+
+    Lightning stores a DataModule's ``state_dict`` under its class name; this
+    finds it by content (a ``"buffer"`` entry that is a record), so a subclass of
+    the DataModule is found too. ``None`` when there is none.
+
+    Examples:
+        >>> find_record({"ReplayBufferDataModule": {"buffer": {"record": 1, "kind": "elsewhere"}}})
+        BufferRecord(kind='elsewhere', len=0, write_count=0, archive=None, dir=None, version=None, world_size=1, members={}, generator=None, resolved=None)
+        >>> find_record({"state_dict": {}}) is None
+        True
+    """
+    if not isinstance(checkpoint, Mapping):
+        return None
+    for value in checkpoint.values():
+        if isinstance(value, Mapping) and is_record(value.get("buffer")):
+            return BufferRecord.from_dict(value["buffer"])
+    return None
+
+
+@contextlib.contextmanager
+def record_dumps(
+    record: BufferRecord, checkpoint_path: str | os.PathLike | None
+) -> Iterator[dict[str, Path]]:
+    """The dump directories a record holds, by name: the one map of a record to its files.
+
+    ``{"": dir}`` for one buffer, ``{member: dir}`` for a mixture (in source-id
+    order), ``{"rank0": dir, ...}`` for per-rank dumps. An ``inline`` dump is
+    unpacked into a temporary directory, removed on exit; beside ones are read in
+    place. ``elsewhere`` holds none (``{}``).
+    """
+    with contextlib.ExitStack() as stack:
+        if record.is_mixture:
+            dumps: dict[str, Path] = {}
+            for name, member in record.members.items():
+                dumps[name] = stack.enter_context(record_dumps(member, checkpoint_path))[""]
+            yield dumps
+        elif record.kind == "inline":
+            if record.archive is None:
+                raise BufferCheckpointError(
+                    f"The checkpoint {checkpoint_path} has an inline replay buffer without its "
+                    "archive: the file is damaged. Resume from an earlier checkpoint."
+                )
+            yield {"": stack.enter_context(unpacked_directory(record.archive, checkpoint_path))}
+        elif record.kind == "ranks":
+            root = record.directory(checkpoint_path)
+            yield {
+                f"{RANK_PREFIX}{r}": root / f"{RANK_PREFIX}{r}" for r in range(record.world_size)
+            }
+        elif record.kind == "elsewhere":
+            yield {}
+        else:
+            yield {"": record.directory(checkpoint_path)}
+
+
+def resolve_records_in(
+    checkpoint: MutableMapping[str, Any], checkpoint_path: str | os.PathLike
+) -> None:
+    """Give each buffer record in a loaded checkpoint dict its dump directory, in place.
+
+    Resolved from the path the checkpoint was read from (a symlinked ``last.ckpt``
+    leads to the real file's directory), so a later restore needs no path.
+    """
+    for value in checkpoint.values():
+        if not isinstance(value, MutableMapping):
+            continue
+        if is_record(value.get("buffer")):
+            record = BufferRecord.from_dict(value["buffer"])
+            value["buffer"] = record.with_resolved(checkpoint_path).to_dict()
+        else:
+            resolve_records_in(value, checkpoint_path)
