@@ -8,9 +8,9 @@ it there, and only then deletes older buffer versions. :func:`install_checkpoint
 puts it on a Trainer's strategy, once.
 
 ``BufferCheckpointIO(incremental=True)`` saves a tensor buffer in chunks instead
-(:mod:`~rb_lightning.checkpoint.chunks`): each save writes the rows written since the
+(:mod:`~rb_lightning.persist.chunks`): each save writes the rows written since the
 previous one; the training thread copies them and goes on, and a writer thread
-(:mod:`~rb_lightning.checkpoint.background_save`) writes, checksums and syncs them, then
+(:mod:`~rb_lightning.persist.background_save`) writes, checksums and syncs them, then
 the ``.ckpt``. Chunks no kept checkpoint lists are deleted after each save and rotation.
 
 Examples:
@@ -20,6 +20,9 @@ Examples:
     >>> install_checkpoint_io(trainer)  # idempotent
     >>> type(trainer.strategy.checkpoint_io).__name__
     'BufferCheckpointIO'
+    >>> chunked = BufferCheckpointIO(incremental=True)  # Trainer(plugins=[chunked])
+    >>> chunked.incremental
+    True
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ class BufferCheckpointIO(CheckpointIO):
     A weights-only save (``ModelCheckpoint(save_weights_only=True)``) keeps no buffer:
     the DataModule's state becomes :data:`WEIGHTS_ONLY_STATE`, nothing is written beside.
 
-    ``incremental=True``: a tensor buffer (:func:`~rb_lightning.checkpoint.chunks.chunked_save_supported`)
+    ``incremental=True``: a tensor buffer (:func:`~rb_lightning.persist.chunks.chunked_save_supported`)
     is saved in chunks shared by the checkpoints of the directory (``<dir>/buffer-chunks/``):
     a save writes the rows written since the previous save, its sampler, writer and
     generator state and a manifest listing the chunks that make up the buffer. With

@@ -74,10 +74,10 @@ STORAGE_DIR = "storage"  # a tensor storage's rows, or its checkpointer's files
 LIST_DIR = "items"  # a ListStorage: one memmapped TensorDict per item
 PENDING_DIR = "pending_batches"  # batches read ahead of the saved step
 TENSOR_ROWS = "_rows"  # key of a plain-tensor storage's rows in the saved TensorDict
-TRANSFORM_STATE = "transform.t"
-#: Chunks of chunked saves (rb_lightning.checkpoint.chunks), shared by the checkpoints of a
+TRANSFORM_STATE = "transform.t"  # a transform's state_dict: loaded with weights_only=True
+#: Chunks of chunked saves (rb_lightning.persist.chunks), shared by the checkpoints of a
 #: directory: ``<dir>/buffer-chunks/<chunk>/``, beside the ``<ckpt>.buffer`` directories.
-CHUNKS_DIR = "buffer-chunks"  # a transform's state_dict: loaded with weights_only=True
+CHUNKS_DIR = "buffer-chunks"
 #: The pickle torchrl's ``dumps`` (a Ray buffer's actor) writes for a buffer without
 #: prefetch: accepted only when it holds plain values (checked without unpickling code).
 PREFETCH_STATE = "prefetch.pkl"
@@ -301,7 +301,7 @@ def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[s
         if actual.get(name) != size:
             found = "is missing" if name not in actual else f"holds {actual[name]} bytes"
             raise _corrupted(root, name, f"should hold {size} bytes and {found}")
-    # A chunked save (rb_lightning.checkpoint.chunks) keeps its rows in chunks shared by
+    # A chunked save (rb_lightning.persist.chunks) keeps its rows in chunks shared by
     # the checkpoints of the directory, two levels up; each is checked like a file here.
     chunk_files = _chunk_files(root, manifest)
     for name, (path, size, _) in chunk_files.items():
