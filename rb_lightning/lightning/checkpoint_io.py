@@ -40,6 +40,7 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from rb_lightning.errors import UsageError
 from rb_lightning.persist.background_save import BackgroundWriter
 from rb_lightning.persist.beside import (
     BUFFER_DIR_SUFFIX,
@@ -249,8 +250,16 @@ class BufferCheckpointIO(CheckpointIO):
         incremental: bool = False,
         background: bool = True,
     ) -> None:
-        self.incremental = bool(incremental)
-        self._writer = BackgroundWriter() if self.incremental and background else None
+        for name, value in (("incremental", incremental), ("background", background)):
+            if not isinstance(value, bool):
+                raise UsageError(
+                    name,
+                    f"BufferCheckpointIO({name}={value!r}): {name} is True or False "
+                    "(incremental=True: chunked saves of what changed; background=True: "
+                    "written by a writer thread). Pass a bool.",
+                )
+        self.incremental = incremental
+        self._writer = BackgroundWriter() if incremental and background else None
         self._ledger = _SaveLedger()
         base = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         if isinstance(base, AsyncCheckpointIO):

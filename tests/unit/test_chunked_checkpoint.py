@@ -16,7 +16,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
 from rb_lightning.buffers.state import buffer_state, restore_buffer_state
-from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.errors import BufferCheckpointError, UsageError
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.persist import chunks
 from rb_lightning.persist.chunks import collect_garbage, prepare_chunked_save
@@ -254,3 +254,10 @@ def test_a_background_save_that_fails_raises_at_the_next_call_and_keeps_the_last
     io.teardown()
     assert _manifest(tmp_path / "last.ckpt")["changed_rows"] == 5
     _assert_same(_restored(tmp_path / "last.ckpt"), rb)
+
+
+def test_incremental_and_background_take_bools_only():
+    with pytest.raises(UsageError, match=r"incremental='yes'.*Pass a bool"):
+        BufferCheckpointIO(incremental="yes")
+    with pytest.raises(UsageError, match=r"background=1"):
+        BufferCheckpointIO(incremental=True, background=1)
