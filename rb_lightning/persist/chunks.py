@@ -42,6 +42,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -67,7 +68,7 @@ from rb_lightning import torchrl_compat
 from rb_lightning.errors import ArgumentTypeError
 from rb_lightning.persist.build import buffer_build
 from rb_lightning.persist.components import dump_components, load_components, on_host
-from rb_lightning.persist.files import check_disk_space, sync_path
+from rb_lightning.persist.files import check_disk_space, in_use, is_in_use, sync_path
 from rb_lightning.persist.manifest import (
     CHECKSUMS,
     CHUNKS_DIR,
@@ -248,12 +249,14 @@ class ChunkedSave:
         in_memory: list[tuple[str, TensorDictBase]],
         on_disk: dict[str, dict[str, Any]],
         store: Path,
+        marks: contextlib.ExitStack,
     ) -> None:
         self.replay_buffer, self.directory, self.version = replay_buffer, directory, version
         self.staging, self.digests, self.content = staging, digests, content
         self.base, self.segments = base, segments
         self._in_memory, self._on_disk = in_memory, on_disk
         self.store = store
+        self._marks = marks  # this save's staged paths, kept from other cleanups until it ends
 
     @property
     def changed_bytes(self) -> int:
@@ -297,6 +300,7 @@ class ChunkedSave:
             shutil.rmtree(self.staging, ignore_errors=True)
             for chunk in records:
                 shutil.rmtree(self.store / f"{chunk}.tmp", ignore_errors=True)
+            self._marks.close()
             raise
         storage = self.replay_buffer.storage
         with _BASES_LOCK:
@@ -309,6 +313,7 @@ class ChunkedSave:
                 segments=tuple(self.segments),
                 chunks=chunks,
             )
+        self._marks.close()  # the new chunks are the buffer's base now, kept as such
         return self.version, manifest
 
     def abandon(self) -> None:
@@ -316,6 +321,7 @@ class ChunkedSave:
         shutil.rmtree(self.staging, ignore_errors=True)
         for chunk in self._on_disk:
             shutil.rmtree(self.store / f"{chunk}.tmp", ignore_errors=True)
+        self._marks.close()
 
 
 def _write_chunk(store: Path, chunk: str, rows: TensorDictBase) -> dict[str, Any]:
@@ -370,11 +376,16 @@ def prepare_chunked_save(
 
     version = uuid.uuid4().hex
     staging = directory / f"{version}.tmp"
-    staging.mkdir()
+    names = [uuid.uuid4().hex for _ in ranges]
+    marks = contextlib.ExitStack()
+    marks.enter_context(
+        in_use([staging, *(store / f"{c}.tmp" for c in names), *(store / c for c in names)])
+    )
     digests = Digests(staging)
     in_memory: list[tuple[str, TensorDictBase]] = []
     on_disk: dict[str, dict[str, Any]] = {}
     try:
+        staging.mkdir()
         components = dump_components(replay_buffer, staging, digests)
         for number, batch in enumerate(pending_batches):
             if not isinstance(batch, TensorDictBase):
@@ -388,12 +399,11 @@ def prepare_chunked_save(
         copy = changed <= _COPY_MAX_FRACTION * capacity or changed * row_bytes <= _COPY_MIN_BYTES
         new: list[Segment] = []
         tensor_rows = isinstance(torchrl_compat.storage_content(storage), torch.Tensor)
-        for start, stop in ranges:
+        for (start, stop), chunk in zip(ranges, names, strict=True):
             rows = storage.get(slice(start, stop))
             if tensor_rows:
                 rows = TensorDict({TENSOR_ROWS: rows}, batch_size=rows.shape[:1])
             rows = on_host(rows)
-            chunk = uuid.uuid4().hex
             if copy:  # the training thread's whole cost: one copy of the changed rows
                 in_memory.append((chunk, rows.clone()))
             else:
@@ -403,6 +413,7 @@ def prepare_chunked_save(
         shutil.rmtree(staging, ignore_errors=True)
         for chunk in on_disk:
             shutil.rmtree(store / f"{chunk}.tmp", ignore_errors=True)
+        marks.close()
         raise
     content = {
         **(extra or {}),
@@ -422,7 +433,7 @@ def prepare_chunked_save(
     segments = overlay(base.segments if base is not None else (), new)
     return ChunkedSave(
         replay_buffer, directory, version, staging, digests, content, base, segments,
-        in_memory, on_disk, store,
+        in_memory, on_disk, store, marks,
     )  # fmt: skip
 
 
@@ -524,9 +535,10 @@ def _open_chunk(
 def collect_garbage(store: str | os.PathLike, version_dirs: Iterable[Path]) -> list[str]:
     """Delete the chunks of ``store`` that no manifest of ``version_dirs`` and no live buffer uses.
 
-    ``version_dirs``: every published version directory whose checkpoint is kept. Call
-    it only while no save into ``store`` is under way: an unfinished save's chunks
-    (``<chunk>.tmp``, or renamed but not yet listed) are deleted as a dead save's. A
+    ``version_dirs``: every published version directory whose checkpoint is kept. The
+    chunks of a save of this process still under way (``<chunk>.tmp``, or renamed but not
+    yet listed) are kept; those of another process's live save are not, so call it only
+    while no other process saves into ``store``. A
     manifest that cannot be read stops the collection (nothing is deleted). Returns
     the names deleted.
     """
@@ -549,7 +561,7 @@ def collect_garbage(store: str | os.PathLike, version_dirs: Iterable[Path]) -> l
                 used.update(base.chunks)
     deleted = []
     for entry in sorted(store.iterdir()):
-        if entry.name not in used:
+        if entry.name not in used and not is_in_use(entry):  # not a live save's
             shutil.rmtree(entry, ignore_errors=True)
             deleted.append(entry.name)
     if deleted:

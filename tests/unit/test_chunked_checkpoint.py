@@ -20,7 +20,9 @@ from rb_lightning.errors import BufferCheckpointError, UsageError
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.persist import chunks
 from rb_lightning.persist.chunks import collect_garbage, prepare_chunked_save
+from rb_lightning.persist.dumps import load_dump
 from rb_lightning.persist.elastic import plan_redistribution
+from rb_lightning.persist.files import remove_stale_versions
 from rb_lightning.persist.manifest import CHUNKS_DIR, MANIFEST
 from rb_lightning.persist.record import BufferRecord
 
@@ -261,3 +263,24 @@ def test_incremental_and_background_take_bools_only():
         BufferCheckpointIO(incremental="yes")
     with pytest.raises(UsageError, match=r"background=1"):
         BufferCheckpointIO(incremental=True, background=1)
+
+
+def test_a_save_under_way_keeps_its_staged_files_from_other_cleanups(tmp_path, monkeypatch):
+    # Every row written to chunk files at once (as a large first save is), not copied.
+    monkeypatch.setattr(chunks, "_COPY_MIN_BYTES", 0)
+    rb = _buffer()
+    rb.extend(_rows(CAPACITY, 0))
+    directory = tmp_path / "last.ckpt.buffer"
+    save = prepare_chunked_save(rb, directory)
+    staged = {p.name for p in (tmp_path / CHUNKS_DIR).iterdir()} | {
+        p.name for p in directory.iterdir()
+    }
+    assert staged and all(name.endswith(".tmp") for name in staged)
+    # What another save's start (remove_stale_versions) or a rotation (collect_garbage) in
+    # this process would remove of a dead save, this live one keeps.
+    assert remove_stale_versions(directory) == []
+    assert collect_garbage(tmp_path / CHUNKS_DIR, []) == []
+    version, _ = save.finish()
+    restored = _buffer()
+    load_dump(restored, directory / version)
+    _assert_same(restored, rb)
