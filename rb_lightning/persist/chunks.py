@@ -372,7 +372,11 @@ def prepare_chunked_save(
     else:
         ranges = _ring_ranges(base.cursor, write_count - base.write_count, capacity)
     changed = sum(stop - start for start, stop in ranges)
-    check_disk_space(store, changed * row_bytes, inline=False)
+    # The changed rows, a prioritized sampler's two trees (2 x 8 bytes a slot), read-ahead.
+    sampler = getattr(replay_buffer, "sampler", None)
+    small = 16 * int(torchrl_compat.sampler_attribute(sampler, "max_capacity") or 0)
+    small += sum(int(b.bytes()) for b in pending_batches if isinstance(b, TensorDictBase))
+    check_disk_space(store, changed * row_bytes + small, inline=False)
 
     version = uuid.uuid4().hex
     staging = directory / f"{version}.tmp"

@@ -16,9 +16,10 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
 from rb_lightning.buffers.state import buffer_state, restore_buffer_state
-from rb_lightning.errors import BufferCheckpointError, UsageError
+from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError, UsageError
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.persist import chunks
+from rb_lightning.persist import files as persist_files
 from rb_lightning.persist.chunks import collect_garbage, prepare_chunked_save
 from rb_lightning.persist.dumps import load_dump
 from rb_lightning.persist.elastic import plan_redistribution
@@ -284,3 +285,27 @@ def test_a_save_under_way_keeps_its_staged_files_from_other_cleanups(tmp_path, m
     restored = _buffer()
     load_dump(restored, directory / version)
     _assert_same(restored, rb)
+
+
+def test_a_save_that_would_not_fit_the_disk_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    io = BufferCheckpointIO(incremental=True, background=False)
+    rb = _buffer()
+    rb.extend(_rows(CAPACITY, 0))
+    _save(io, rb, tmp_path / "a.ckpt")
+    before = _files(tmp_path)
+    rb.extend(_rows(10, 500))
+    # The disk, emulated by the free-space probe: room for the rows, not for the sampler's
+    # trees (16 bytes a slot) besides them.
+    monkeypatch.setattr(persist_files, "free_disk_bytes", lambda path: 10 * 40 + 256 * 1024)
+    with pytest.raises(NotEnoughDiskSpaceError, match="dirpath"):
+        _save(io, rb, tmp_path / "b.ckpt")
+    assert _files(tmp_path) == before  # no file written (an empty b.ckpt.buffer/ at most)
+    monkeypatch.undo()
+    _save(io, rb, tmp_path / "b.ckpt")  # the next save, with room, builds on a.ckpt's
+    assert _manifest(tmp_path / "b.ckpt")["changed_rows"] == 10
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
