@@ -7,6 +7,12 @@ and leaves a reference), writes the ``.ckpt`` beside its final place and renames
 it there, and only then deletes older buffer versions. :func:`install_checkpoint_io`
 puts it on a Trainer's strategy, once.
 
+``BufferCheckpointIO(incremental=True)`` saves a tensor buffer in chunks instead
+(:mod:`~rb_lightning.persist.chunks`): each save writes the rows written since the
+previous one; the training thread copies them and goes on, and a writer thread
+(:mod:`~rb_lightning.persist.background_save`) writes, checksums and syncs them, then
+the ``.ckpt``. Chunks no kept checkpoint lists are deleted after each save and rotation.
+
 Examples:
     >>> from lightning.pytorch import Trainer
     >>> trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
@@ -14,6 +20,9 @@ Examples:
     >>> install_checkpoint_io(trainer)  # idempotent
     >>> type(trainer.strategy.checkpoint_io).__name__
     'BufferCheckpointIO'
+    >>> chunked = BufferCheckpointIO(incremental=True)  # Trainer(plugins=[chunked])
+    >>> chunked.incremental
+    True
 """
 
 from __future__ import annotations
@@ -26,11 +35,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 
-from rb_lightning.persist.beside import BUFFER_DIR_SUFFIX, BufferDumpRequest, buffer_dir_for
+from rb_lightning.errors import UsageError
+from rb_lightning.persist.background_save import BackgroundWriter
+from rb_lightning.persist.beside import (
+    BUFFER_DIR_SUFFIX,
+    BufferDumpRequest,
+    beside_reference,
+    buffer_dir_for,
+)
+from rb_lightning.persist.chunks import (
+    ChunkedSave,
+    chunked_save_supported,
+    collect_garbage,
+    prepare_chunked_save,
+)
 from rb_lightning.persist.files import remove_stale_versions, sync_path
+from rb_lightning.persist.manifest import CHUNKS_DIR
 from rb_lightning.persist.record import resolve_records_in
 
 __all__ = ["STREAM_STATE_TAG", "WEIGHTS_ONLY_STATE", "BufferCheckpointIO", "install_checkpoint_io"]
@@ -63,6 +88,14 @@ class _SaveLedger:
         self._finished = 0
         self._obsolete: dict[int, list[Path]] = {}
         self._removals: list[tuple[int, Callable[[], None]]] = []
+        # Saves whose finish() has returned, deletions included (for wait_for).
+        self._ended = 0
+        self._ended_changed = threading.Condition()
+
+    def wait_for(self, number: int) -> None:
+        """Block until save ``number`` has ended, with what it deleted (maybe in another thread)."""
+        with self._ended_changed:
+            self._ended_changed.wait_for(lambda: self._ended >= number)
 
     def submit(self, obsolete: list[Path]) -> int:
         """Number a save; ``obsolete``: what to delete once its ``.ckpt`` is written."""
@@ -92,12 +125,17 @@ class _SaveLedger:
             self._finished = max(self._finished, number)
             due = [removal for after, removal in self._removals if after <= number]
             self._removals = [entry for entry in self._removals if entry[0] > number]
-        if not written:
-            return
-        for entry in obsolete:
-            shutil.rmtree(entry, ignore_errors=True)
-        for removal in due:
-            removal()
+        try:
+            if not written:
+                return
+            for entry in obsolete:
+                shutil.rmtree(entry, ignore_errors=True)
+            for removal in due:
+                removal()
+        finally:
+            with self._ended_changed:
+                self._ended = max(self._ended, number)
+                self._ended_changed.notify_all()
 
 
 class _CommitAfterWrite(CheckpointIO):
@@ -189,12 +227,39 @@ class BufferCheckpointIO(CheckpointIO):
     A weights-only save (``ModelCheckpoint(save_weights_only=True)``) keeps no buffer:
     the DataModule's state becomes :data:`WEIGHTS_ONLY_STATE`, nothing is written beside.
 
+    ``incremental=True``: a tensor buffer (:func:`~rb_lightning.persist.chunks.chunked_save_supported`)
+    is saved in chunks shared by the checkpoints of the directory (``<dir>/buffer-chunks/``):
+    a save writes the rows written since the previous save, its sampler, writer and
+    generator state and a manifest listing the chunks that make up the buffer. With
+    ``background=True`` (the default) the training thread only copies the changed rows,
+    the small state and the checkpoint's tensors, and a writer thread writes the chunks,
+    the manifest and then the ``.ckpt``; the next save (or a load, or the end of
+    ``fit``) waits for it first, and its error, if any, is raised there. Chunks that no
+    kept checkpoint (and no live buffer's last save) lists are deleted after each save
+    and each checkpoint Lightning removes. Other buffers are saved as without it.
+
     :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
     strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
     wrap a custom ``CheckpointIO``.
     """
 
-    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint_io: CheckpointIO | None = None,
+        *,
+        incremental: bool = False,
+        background: bool = True,
+    ) -> None:
+        for name, value in (("incremental", incremental), ("background", background)):
+            if not isinstance(value, bool):
+                raise UsageError(
+                    name,
+                    f"BufferCheckpointIO({name}={value!r}): {name} is True or False "
+                    "(incremental=True: chunked saves of what changed; background=True: "
+                    "written by a writer thread). Pass a bool.",
+                )
+        self.incremental = incremental
+        self._writer = BackgroundWriter() if incremental and background else None
         self._ledger = _SaveLedger()
         base = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         if isinstance(base, AsyncCheckpointIO):
@@ -212,6 +277,8 @@ class BufferCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
+        if self._writer is not None:
+            self._writer.wait()  # saves do not overlap: the previous one (and its deletions) ends
         if "optimizer_states" not in checkpoint:
             # save_weights_only=True (Lightning leaves out the optimizers, loops' callbacks and
             # all that resuming needs): the user asked for the weights, not the buffer.
@@ -222,6 +289,12 @@ class BufferCheckpointIO(CheckpointIO):
         # Dumps are made in this thread, so no .tmp here belongs to a live save.
         for buffer_dir in directory.parent.glob(f"*{BUFFER_DIR_SUFFIX}"):
             remove_stale_versions(buffer_dir)
+        if (
+            self.incremental
+            and _is_local(path)
+            and self._save_chunked(checkpoint, path, storage_options, directory)
+        ):
+            return
         written = []
         for holder, key, request in _find_requests(checkpoint):
             reference = request.write(directory)
@@ -235,9 +308,68 @@ class BufferCheckpointIO(CheckpointIO):
         checkpoint[_SAVE_KEY] = self._ledger.submit(obsolete)
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
+    def _save_chunked(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any, directory: Path
+    ) -> bool:
+        """Save ``checkpoint`` with its tensor buffers in chunks; ``False``: it has none."""
+        if not any(_chunkable(request) for _, _, request in _find_requests(checkpoint)):
+            return False
+        if self._writer is not None:
+            # The checkpoint holds the live model and optimizer tensors: copy them now, before
+            # training changes them (as AsyncCheckpointIO does). Requests are kept as they are.
+            checkpoint = apply_to_collection(checkpoint, torch.Tensor, _cloned)
+        prepared: list[tuple[dict[str, Any], str, ChunkedSave]] = []
+        written: list[str] = []
+        try:
+            for holder, key, request in _find_requests(checkpoint):
+                if _chunkable(request):
+                    save = prepare_chunked_save(
+                        request.replay_buffer,
+                        directory,
+                        pending_batches=request.pending_batches,
+                        extra=request.extra,
+                    )
+                    prepared.append((holder, key, save))
+                else:
+                    holder[key] = reference = request.write(directory)
+                    written.append(reference["version"])
+        except BaseException:
+            for _, _, save in prepared:
+                save.abandon()
+            raise
+        obsolete: list[Path] = []  # filled once the chunked versions are published
+        number = self._ledger.submit(obsolete)
+
+        def finish() -> None:
+            try:
+                for holder, key, save in prepared:
+                    version, manifest = save.finish()
+                    holder[key] = beside_reference(directory, version, manifest)
+                    written.append(version)
+            except BaseException:
+                for _, _, save in prepared:
+                    save.abandon()
+                self._ledger.finish(number, written=False)
+                raise
+            obsolete.extend(entry for entry in directory.iterdir() if entry.name not in written)
+            checkpoint[_SAVE_KEY] = number
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            # With AsyncCheckpointIO below, the .ckpt is written in its thread: wait for it
+            # (and for the deletions it makes due) before chunks are collected.
+            self._ledger.wait_for(number)
+            _collect_chunks(directory.parent)
+
+        if self._writer is not None:
+            self._writer.submit(finish)
+        else:
+            finish()
+        return True
+
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        if self._writer is not None:
+            self._writer.wait()  # a checkpoint this process is still writing
         checkpoint = self.checkpoint_io.load_checkpoint(
             path, map_location=map_location, **_weights_only(weights_only)
         )
@@ -251,12 +383,49 @@ class BufferCheckpointIO(CheckpointIO):
         def remove() -> None:
             self.checkpoint_io.remove_checkpoint(path)
             shutil.rmtree(str(path) + BUFFER_DIR_SUFFIX, ignore_errors=True)
+            if _is_local(path):
+                _collect_chunks(Path(str(path).removeprefix("file://")).parent)
 
         if not self._ledger.defer(remove):
             remove()
 
     def teardown(self) -> None:
-        self.checkpoint_io.teardown()
+        try:
+            if self._writer is not None:
+                self._writer.close()  # the save under way is finished; its error raised here
+        finally:
+            self.checkpoint_io.teardown()
+
+
+def _is_local(path: Any) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def _chunkable(request: Any) -> bool:
+    # A buffer of this process only (not a DDP rank set or a Ray actor's dump request).
+    return type(request) is BufferDumpRequest and chunked_save_supported(request.replay_buffer)
+
+
+def _cloned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
+
+
+def _collect_chunks(checkpoint_dir: Path) -> None:
+    """Delete the chunks of ``checkpoint_dir`` that no kept checkpoint's buffer lists.
+
+    A ``<name>.buffer`` directory whose ``<name>`` checkpoint is gone is not kept: it is
+    what a removal (or a save that died before its ``.ckpt``) left.
+    """
+    store = checkpoint_dir / CHUNKS_DIR
+    if not store.is_dir():
+        return
+    versions = [
+        version
+        for buffer_dir in checkpoint_dir.glob(f"*{BUFFER_DIR_SUFFIX}")
+        if (checkpoint_dir / buffer_dir.name.removesuffix(BUFFER_DIR_SUFFIX)).exists()
+        for version in buffer_dir.iterdir()
+    ]
+    collect_garbage(store, versions)
 
 
 def _drop_stream_states(checkpoint: dict[str, Any]) -> None:

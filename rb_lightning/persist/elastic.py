@@ -75,7 +75,7 @@ __all__ = [
 ResumeKeep = Literal["all", "newest"]
 RESUME_KEEP_MODES: tuple[str, ...] = ("all", "newest")
 #: Dump kinds whose items can be dealt out (the others are written by a Ray buffer's actor).
-_DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items")
+_DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items", "chunked_rows")
 
 
 def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:

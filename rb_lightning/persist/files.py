@@ -28,6 +28,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,8 @@ from rb_lightning.errors import NotEnoughDiskSpaceError, RBLightningError
 __all__ = [
     "check_disk_space",
     "free_disk_bytes",
+    "in_use",
+    "is_in_use",
     "pack_directory",
     "publish_version",
     "remove_stale_versions",
@@ -216,13 +219,47 @@ def publish_version(staged: Path, directory: Path, version: str) -> Path:
     return final
 
 
+# Paths a save of this process is still writing in another thread (a chunked save's staged
+# version and chunks, rb_lightning.persist.chunks): not a dead save's, so never removed.
+_IN_USE: set[str] = set()
+_IN_USE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def in_use(paths: list[Path]) -> Iterator[None]:
+    """Mark ``paths`` as being written by a live save meanwhile: :func:`remove_stale_versions` keeps them.
+
+    Examples:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "live.tmp").mkdir()
+        >>> with in_use([root / "live.tmp"]):
+        ...     remove_stale_versions(root)
+        []
+    """
+    names = [os.path.abspath(path) for path in paths]
+    with _IN_USE_LOCK:
+        _IN_USE.update(names)
+    try:
+        yield
+    finally:
+        with _IN_USE_LOCK:
+            _IN_USE.difference_update(names)
+
+
+def is_in_use(path: str | os.PathLike) -> bool:
+    """Whether a live save of this process is writing ``path`` (see :func:`in_use`)."""
+    with _IN_USE_LOCK:
+        return os.path.abspath(path) in _IN_USE
+
+
 def remove_stale_versions(directory: str | os.PathLike) -> list[Path]:
     """Remove ``<version>.tmp`` directories under ``directory``; return what was removed.
 
     A version is staged under ``.tmp`` and renamed once complete, so a ``.tmp``
     that exists when a new save starts belongs to a save that died (killed, out
-    of disk) and only takes the space the new one needs. Saves of one run do
-    not overlap, so this never races a live write of the same run.
+    of disk) and only takes the space the new one needs, unless a save of this
+    process still writes it in another thread (:func:`in_use`).
 
     Examples:
         >>> import tempfile
@@ -240,7 +277,7 @@ def remove_stale_versions(directory: str | os.PathLike) -> list[Path]:
         # AsyncCheckpointIO thread during this save. Nothing of it is left to clean.
         return removed
     for entry in entries:
-        if entry.is_dir():
+        if entry.is_dir() and not is_in_use(entry):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

@@ -11,6 +11,8 @@ written, never a pickle.
 * ``filled_rows``: a tensor storage that has not wrapped writes rows ``[0, len)``
   only, restored into a buffer of the saved capacity (checkpoints sized by content);
 * ``whole_storage``: any other tensor storage, written by its own checkpointer;
+* ``chunked_rows``: a tensor storage saved in chunks shared between checkpoints
+  (:mod:`rb_lightning.persist.chunks`, written by ``BufferCheckpointIO(incremental=True)``);
 * ``torchrl_dumps`` and ``remote_empty``: written by a Ray buffer's actor with
   torchrl's ``dumps`` (:mod:`rb_lightning.distributed.ray_checkpoint`), read here too.
 
@@ -48,6 +50,7 @@ from torchrl.data.replay_buffers.storages import (
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.persist.chunks import CHUNKED_KIND, check_chunk_files, load_chunked_rows
 from rb_lightning.persist.components import dump_components, load_components, on_host
 from rb_lightning.persist.manifest import (
     LIST_DIR,
@@ -63,6 +66,7 @@ __all__ = [
     "KINDS",
     "ActorDump",
     "ActorEmpty",
+    "ChunkedRows",
     "DumpKind",
     "EmptyBuffer",
     "FilledRows",
@@ -282,6 +286,31 @@ class WholeStorage(DumpKind):
         return manifest
 
 
+class ChunkedRows(DumpKind):
+    """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.persist.chunks`).
+
+    Never picked by :func:`kind_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
+    writes it; read here like any other dump.
+    """
+
+    name = CHUNKED_KIND
+
+    def save(self, replay_buffer: ReplayBuffer, root: Path, digests: Digests) -> dict[str, Any]:
+        raise BufferCheckpointError(
+            "A chunked_rows dump is written by rb_lightning.persist.chunks.prepare_chunked_save "
+            "(BufferCheckpointIO(incremental=True)), not by dump_buffer."
+        )
+
+    def verify(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+        storage = replay_buffer.storage
+        require_storage(isinstance(storage, TensorStorage), root, "a tensor storage", replay_buffer)
+        check_capacity(replay_buffer, root, manifest)
+        check_chunk_files(root, manifest)
+
+    def load(self, replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
+        load_chunked_rows(replay_buffer, root, manifest)
+
+
 _WRITTEN_BY_ACTOR = (
     "A {name!r} dump is written by a Ray buffer's actor "
     "(rb_lightning.distributed.ray_checkpoint.dump_remote_buffer), not by this process."
@@ -327,6 +356,7 @@ KINDS: dict[str, DumpKind] = {
         EmptyBuffer(),
         FilledRows(),
         WholeStorage(),
+        ChunkedRows(),
         ActorDump(),
         ActorEmpty(),
     )

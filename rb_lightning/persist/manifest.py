@@ -42,6 +42,7 @@ from rb_lightning.errors import BufferCheckpointError, UsageError
 
 __all__ = [
     "CHECKSUMS",
+    "CHUNKS_DIR",
     "FORMAT_VERSION",
     "LIST_DIR",
     "MANIFEST",
@@ -55,6 +56,7 @@ __all__ = [
     "Verify",
     "check_plain_files",
     "check_verify_mode",
+    "file_digest",
     "not_this_layout",
     "read_manifest",
     "write_manifest",
@@ -73,6 +75,9 @@ LIST_DIR = "items"  # a ListStorage: one memmapped TensorDict per item
 PENDING_DIR = "pending_batches"  # batches read ahead of the saved step
 TENSOR_ROWS = "_rows"  # key of a plain-tensor storage's rows in the saved TensorDict
 TRANSFORM_STATE = "transform.t"  # a transform's state_dict: loaded with weights_only=True
+#: Chunks of chunked saves (rb_lightning.persist.chunks), shared by the checkpoints of a
+#: directory: ``<dir>/buffer-chunks/<chunk>/``, beside the ``<ckpt>.buffer`` directories.
+CHUNKS_DIR = "buffer-chunks"
 #: The pickle torchrl's ``dumps`` (a Ray buffer's actor) writes for a buffer without
 #: prefetch: accepted only when it holds plain values (checked without unpickling code).
 PREFETCH_STATE = "prefetch.pkl"
@@ -125,6 +130,9 @@ def _file_digest(path: Path) -> str:
             with _map_read_only(file.fileno(), length, offset) as window:
                 digest.update(window)
     return digest.hexdigest()
+
+
+file_digest = _file_digest  # public name, for the chunk store
 
 
 def _map_read_only(descriptor: int, length: int, offset: int) -> mmap.mmap:
@@ -232,6 +240,8 @@ def _what_file_holds(name: str) -> str:
         if parts[1:] == [f"{TENSOR_ROWS}.memmap"]:
             return "the stored tensor"
         return f"{column_of(parts[1:-1])} of the stored items"
+    if parts[0] == CHUNKS_DIR and len(parts) > 2:
+        return f"{column_of(parts[2:-1])} of the stored rows in chunk {parts[1]}"
     if parts[0] == LIST_DIR and len(parts) > 2:
         return f"{column_of(parts[2:-1])} of item {parts[1]}"
     if parts[0] == PENDING_DIR and len(parts) > 2:
@@ -291,12 +301,36 @@ def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[s
         if actual.get(name) != size:
             found = "is missing" if name not in actual else f"holds {actual[name]} bytes"
             raise _corrupted(root, name, f"should hold {size} bytes and {found}")
+    # A chunked save (rb_lightning.persist.chunks) keeps its rows in chunks shared by
+    # the checkpoints of the directory, two levels up; each is checked like a file here.
+    chunk_files = _chunk_files(root, manifest)
+    for name, (path, size, _) in chunk_files.items():
+        found_size = path.stat().st_size if path.is_file() else None
+        if found_size != size:
+            found = "is missing" if found_size is None else f"holds {found_size} bytes"
+            raise _corrupted(root, name, f"should hold {size} bytes and {found}")
     if verify == "size":
         return manifest
     for name, digest in manifest.get(CHECKSUMS, {}).items():
         if _file_digest(root / name) != digest:
             raise _corrupted(root, name, "does not match its checksum (xxh3_64)")
+    for name, (path, _, digest) in chunk_files.items():
+        if digest is not None and _file_digest(path) != digest:
+            raise _corrupted(root, name, "does not match its checksum (xxh3_64)")
     return manifest
+
+
+def _chunk_files(root: Path, manifest: dict[str, Any]) -> dict[str, tuple[Path, int, str | None]]:
+    """``buffer-chunks/<chunk>/<file>`` -> (path, size, checksum) for every chunk a manifest lists."""
+    store = root.parent.parent / CHUNKS_DIR
+    files = {}
+    for chunk, record in manifest.get("chunks", {}).items():
+        if not isinstance(chunk, str) or "/" in chunk or chunk.startswith("."):
+            raise not_this_layout(root, f"a chunk named {chunk!r}")
+        digests = record.get(CHECKSUMS, {})
+        for name, size in record["files"].items():
+            files[f"{CHUNKS_DIR}/{chunk}/{name}"] = (store / chunk / name, size, digests.get(name))
+    return files
 
 
 def check_plain_files(root: Path, *, written: bool = False) -> None:

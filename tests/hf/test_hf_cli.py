@@ -35,6 +35,7 @@ from rb_lightning import BufferMixture, ReplayBufferDataModule
 from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.hf.cli import main
+from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
 from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
 from rb_lightning.persist.dumps import dump_buffer
 
@@ -129,6 +130,29 @@ def test_a_mixture_exports_one_member_or_all_with_a_source_column(tmp_path, caps
     code, out, err = _export(capsys, checkpoint, tmp_path / "nope", "--member", "demos")
     assert code == 2 and "--member" in err and "['offline', 'online']" in err
     assert err.count("\n") == 1 and not (tmp_path / "nope").exists()
+
+
+def test_a_chunked_checkpoint_exports_in_storage_order(tmp_path, capsys):
+    # BufferCheckpointIO(incremental=True): the buffer wraps between the two saves, so last.ckpt's
+    # rows come from chunks of both; the export reads them in storage order.
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16))
+    rb.extend(_items(0, 12))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
+
+    class Writes(LinearOnX):
+        def training_step(self, batch, batch_idx):
+            rb.extend(_items(100 + 4 * self.global_step, 4))
+            return super().training_step(batch, batch_idx)
+
+    trainer = quiet_trainer(
+        max_steps=2, callbacks=[checkpoints], plugins=[BufferCheckpointIO(incremental=True)]
+    )
+    dm = ReplayBufferDataModule(rb, batch_size=4, num_batches=None, checkpoint_inline_max_bytes=0)
+    trainer.fit(Writes(), datamodule=dm)
+    assert len(list((tmp_path / "ckpt" / "buffer-chunks").iterdir())) > 1
+    code, out, err = _export(capsys, tmp_path / "ckpt" / "last.ckpt", tmp_path / "hf")
+    assert code == 0, err
+    assert _column(tmp_path / "hf", "x") == [104, 105, 106, 107, *range(4, 12), *range(100, 104)]
 
 
 def test_dumps_and_saved_files_export_as_before(tmp_path, capsys):
