@@ -17,6 +17,8 @@ ONE_CONCEPT_MAX_LINES = {
     "distributed/sharded.py": 650,
     # The one reader of saved buffers (issue 46): what a path is, which dumps, into which buffer.
     "buffers/reader.py": 650,
+    # The chunk store of incremental saves (issue 48): chunks, their manifest, collection.
+    "persist/chunks.py": 650,
 }
 # 400: the answers to Trainer switches grew it; their logic is in trainer_switches.py.
 DATAMODULE_MAX_LINES = 400
