@@ -199,9 +199,10 @@ class AsyncGRPOModule(GRPOModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        versions = "version" if self.max_staleness == 1 else "versions"
         rank_zero_info(
             f"asynchronous GRPO: groups generated in a worker process with weights at most "
-            f"{self.max_staleness} policy versions old (GroupSampler max_staleness), pushed "
+            f"{self.max_staleness} policy {versions} old (GroupSampler max_staleness), pushed "
             f"every {self.weight_sync_every} step(s); off-policy correction: "
             f"{self.off_policy_correction}. Runs are not bit-exact; configs/llm_grpo.yaml is."
         )

@@ -70,7 +70,7 @@ def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the
     out = log.read_text()
     assert run.returncode == 130, out[-3000:]
     assert "interrupted (Ctrl-C)" in out and "Traceback" not in out
-    assert "at most 1 policy versions old" in out  # the contract, in the log
+    assert "at most 1 policy version old" in out  # the contract, in the log
     assert workers and all(_gone(w.pid) for w in workers)
     stopped = len(read_probe(tmp_path / "probe"))
 
