@@ -38,11 +38,19 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+def _gone(pid: int, grace: float = 5.0) -> bool:
+    """Whether ``pid`` has exited, allowing ``grace`` seconds (multiprocessing's resource
+    tracker ends when it reads the end of its pipe, a moment after the run)."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the_bound(tmp_path):
@@ -71,6 +79,7 @@ def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the
     assert run.returncode == 130, out[-3000:]
     assert "interrupted (Ctrl-C)" in out and "Traceback" not in out
     assert "at most 1 policy version old" in out  # the contract, in the log
+    assert "off-policy correction: decoupled" in out  # auto, with a bound above 0
     assert workers and all(_gone(w.pid) for w in workers)
     stopped = len(read_probe(tmp_path / "probe"))
 
@@ -97,6 +106,7 @@ def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the
         assert sorted(column(logged, key)) == list(range(stopped + 6)), key
     assert max(column(logged, "async/staleness_max").values()) <= 1
     assert set(column(logged, "async/groups_dropped").values()) == {0.0}
+    assert len(column(logged, "importance_weight_mean")) == stopped + 6
     assert (tmp_path / "runs" / "llm_grpo_async" / "version_0" / "curves.png").is_file()
 
 
