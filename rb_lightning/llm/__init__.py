@@ -6,7 +6,7 @@ The names below are imported on first use (``rb_lightning.llm.GRPOModule`` impor
 Examples:
     >>> import rb_lightning.llm
     >>> rb_lightning.llm.GroupSampler(group_size=8, max_staleness=0)
-    GroupSampler(group_size=8, group_key='group', max_staleness=0, consumer_version=0)
+    GroupSampler(group_size=8, group_key='group', max_staleness=0, order='uniform', consumer_version=0)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from rb_lightning.namespaces import lazy_names
 
 _HOMES = {
+    "AsyncGRPOModule": "rb_lightning.llm.async_grpo",
     "CausalLMModule": "rb_lightning.llm.module",
     "GRPOModule": "rb_lightning.llm.grpo",
     "GroupSampler": "rb_lightning.llm.groups",

@@ -66,6 +66,13 @@ class GroupSampler(Sampler):
             current policy produced (on-policy). ``None``: no limit.
         version_key: Column of the producing policy's version (read only when
             ``max_staleness`` is set).
+        order: ``"uniform"``: groups drawn uniformly among the eligible ones.
+            ``"oldest"``: each group is drawn once, in the order of its id (the order
+            it was generated in): a batch is the ``batch_size // group_size`` eligible
+            groups of the lowest ids not drawn yet; groups passed over because they
+            were too stale are counted in :attr:`groups_dropped`. The asynchronous
+            GRPO loop (:class:`~rb_lightning.llm.async_grpo.AsyncGRPOModule`) consumes
+            its generated batches this way, one per step.
 
     Groups are drawn uniformly without replacement among the eligible ones; when
     fewer are eligible than a batch needs, the missing ones are drawn again
@@ -81,6 +88,7 @@ class GroupSampler(Sampler):
         group_key: str = GROUP_KEY,
         max_staleness: int | None = None,
         version_key: str = POLICY_VERSION_KEY,
+        order: str = "uniform",
     ) -> None:
         if isinstance(group_size, bool) or not isinstance(group_size, int):
             raise ArgumentTypeError(
@@ -92,6 +100,17 @@ class GroupSampler(Sampler):
         self.group_key = group_key
         self.max_staleness = check_max_staleness(max_staleness)
         self.version_key = version_key
+        if order not in ("uniform", "oldest"):
+            raise UsageError(
+                "order",
+                f"order must be 'uniform' (draw among the eligible groups) or 'oldest' (each "
+                f"group once, in generation order), got {order!r}.",
+            )
+        self.order = order
+        #: ``order="oldest"``: groups of lower ids were drawn or dropped already.
+        self.next_group = 0
+        #: ``order="oldest"``: groups passed over because they were older than ``max_staleness``.
+        self.groups_dropped = 0
         #: The learner's policy version: items older than ``consumer_version - max_staleness``
         #: are not drawn. Set it before each draw (``sampler.consumer_version = global_step``).
         self.consumer_version = 0
@@ -161,7 +180,9 @@ class GroupSampler(Sampler):
                 "draw, raise max_staleness, or set consumer_version to the learner's version."
             )
         device = self._rng.device if self._rng is not None else None
-        if ids.numel() >= wanted:
+        if self.order == "oldest":
+            chosen = self._oldest(storage, ids, wanted, device)
+        elif ids.numel() >= wanted:
             chosen = torch.randperm(ids.numel(), generator=self._rng, device=device)[:wanted]
         else:
             extra = torch.randint(
@@ -174,6 +195,24 @@ class GroupSampler(Sampler):
         index = positions[rows.reshape(-1)]
         self._record_staleness(storage, index)
         return index, {}
+
+    def _oldest(
+        self, storage: Storage, ids: torch.Tensor, wanted: int, device: Any
+    ) -> torch.Tensor:
+        """Indices (into ``ids``) of the lowest eligible ids not drawn yet; advances the cursor."""
+        unseen = (ids >= self.next_group).nonzero().reshape(-1)[:wanted]
+        if unseen.numel():
+            new_next = int(ids[unseen[-1]]) + 1
+            every = torch.unique(self._column(storage, self.group_key, len(storage)).cpu())
+            passed = int(((every >= self.next_group) & (every < new_next)).sum())
+            self.groups_dropped += passed - unseen.numel()
+            self.next_group = new_next
+        if unseen.numel() >= wanted:
+            return unseen
+        # Not enough new groups (the learner did not wait for them): draw eligible ones again.
+        extra = torch.randint(ids.numel(), (wanted - unseen.numel(),), generator=self._rng,
+                              device=device).cpu()  # fmt: skip
+        return torch.cat([unseen, extra])
 
     def _record_staleness(self, storage: Storage, index: torch.Tensor) -> None:
         content = torchrl_compat.storage_content(storage)
@@ -189,11 +228,16 @@ class GroupSampler(Sampler):
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The consumer version (the settings come from the constructor)."""
-        return OrderedDict(consumer_version=int(self.consumer_version))
+        state = OrderedDict(consumer_version=int(self.consumer_version))
+        if self.order == "oldest":
+            state.update(next_group=self.next_group, groups_dropped=self.groups_dropped)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.consumer_version = int(state_dict["consumer_version"])
+        self.next_group = int(state_dict.get("next_group", 0))
+        self.groups_dropped = int(state_dict.get("groups_dropped", 0))
 
     def _empty(self) -> None:
         # The consumer's version belongs to the learner, not to the emptied content.
@@ -212,7 +256,8 @@ class GroupSampler(Sampler):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(group_size={self.group_size}, group_key={self.group_key!r}, "
-            f"max_staleness={self.max_staleness}, consumer_version={self.consumer_version})"
+            f"max_staleness={self.max_staleness}, order={self.order!r}, "
+            f"consumer_version={self.consumer_version})"
         )
 
 

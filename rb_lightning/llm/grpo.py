@@ -81,6 +81,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 DEFAULT_REWARDS = ("rb_lightning.llm.data:arithmetic_reward",)
+#: The values of ``GRPOModule(off_policy_correction=...)``.
+OFF_POLICY_CORRECTIONS = ("none", "decoupled")
 
 
 class GRPOModule(L.LightningModule):
@@ -112,6 +114,19 @@ class GRPOModule(L.LightningModule):
             costs more than the rest of a tiny model's step;
             :func:`rb_lightning.llm.pairs.with_text` decodes them from the token ids
             when the rows are exported.
+        off_policy_correction: ``"none"``: the clipped ratio is taken against the behaviour
+            policy (the stored ``behaviour_log_probs``), as in TRL. ``"decoupled"``: AReaL's
+            decoupled PPO objective. The ratio is taken against a *proximal* policy, the
+            current weights before this step's update (``log_prob`` detached, so the
+            ratio is 1 and its clip never binds in a single update per batch), and each
+            token is weighted by the importance weight ``min(exp(prox - behaviour),
+            importance_weight_cap)`` of the proximal against the behaviour policy,
+            detached (the truncated importance sampling of verl / prime-rl). On fresh
+            groups (behaviour = current policy) both give the same loss and gradient; on
+            stale ones ``"none"`` silences every token whose ratio left the clip range,
+            ``"decoupled"`` keeps its gradient, down- or up-weighted (at most the cap).
+        importance_weight_cap: The largest importance weight of ``"decoupled"`` (verl's
+            ``2.0`` by default).
     """
 
     def __init__(
@@ -131,6 +146,8 @@ class GRPOModule(L.LightningModule):
         prompt_width: int = 8,
         seed: int = 0,
         store_text: bool = True,
+        off_policy_correction: str = "none",
+        importance_weight_cap: float = 2.0,
     ) -> None:
         super().__init__()
         if not isinstance(config, PretrainedConfig):
@@ -151,6 +168,20 @@ class GRPOModule(L.LightningModule):
                 "num_generations must be >= 2: a group-relative advantage compares each "
                 "completion with the others of its prompt.",
             )
+        if off_policy_correction not in OFF_POLICY_CORRECTIONS:
+            raise UsageError(
+                "off_policy_correction",
+                f"off_policy_correction must be one of {list(OFF_POLICY_CORRECTIONS)}, got "
+                f"{off_policy_correction!r}. 'decoupled' weights each token by its truncated "
+                "importance weight against the behaviour policy (docs/llm.md); 'none' is the "
+                "plain clipped objective.",
+            )
+        if isinstance(importance_weight_cap, bool) or not importance_weight_cap > 0:
+            raise UsageError(
+                "importance_weight_cap",
+                f"importance_weight_cap must be a number > 0 (the largest importance weight "
+                f"a token gets), got {importance_weight_cap!r}. 2.0 is verl's default.",
+            )
         self.save_hyperparameters()
         # Taking the loader's iterator (training_step(dataloader_iter)) is what keeps Lightning
         # from sampling a batch before this step's generation; Lightning warns that the
@@ -167,6 +198,8 @@ class GRPOModule(L.LightningModule):
         )
         self.max_operand, self.prompt_width, self.seed = max_operand, prompt_width, seed
         self.store_text = store_text
+        self.off_policy_correction = off_policy_correction
+        self.importance_weight_cap = float(importance_weight_cap)
         self.init_from = init_from
         if init_from is not None:
             self._load_weights(init_from)
@@ -281,8 +314,13 @@ class GRPOModule(L.LightningModule):
         return total
 
     @torch.no_grad()
-    def generate_groups(self, step: int) -> TensorDict:
-        """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU)."""
+    def generate_groups(self, step: int, version: int | None = None) -> TensorDict:
+        """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU).
+
+        ``step`` seeds the prompts and the sampling and numbers the groups; the items are
+        stamped ``policy_version = version`` (``None``: ``step``, the synchronous loop's
+        case, where the weights generating step ``s`` are version ``s``).
+        """
         generator = self._generator(step)
         n_prompts = int(self.prompts_per_step or 1)
         prompts = self._prompts(n_prompts, generator)
@@ -320,7 +358,9 @@ class GRPOModule(L.LightningModule):
             "reward": reward,
             "advantage": advantage.reshape(-1),
             "group": group,
-            POLICY_VERSION_KEY: torch.full((n,), step, dtype=torch.int64),
+            POLICY_VERSION_KEY: torch.full(
+                (n,), step if version is None else version, dtype=torch.int64
+            ),
         }
         if self.store_text:
             columns["prompt"] = NonTensorStack(*repeated)
@@ -340,12 +380,25 @@ class GRPOModule(L.LightningModule):
             temperature=self.temperature,
         )  # fmt: skip
         mask = batch["completion_mask"].to(logp.dtype)
-        log_ratio = logp - batch["behaviour_log_probs"]
-        ratio = log_ratio.exp()
+        behaviour = batch["behaviour_log_probs"]
         advantage = batch["advantage"].to(logp.dtype)[:, None]
-        clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
-        per_token = -torch.minimum(ratio * advantage, clipped * advantage)
         stats = {}
+        if self.off_policy_correction == "decoupled":
+            # The proximal policy is the current one before this update: one update per batch,
+            # so its log-probs are this forward's, detached (no second forward pass).
+            proximal = logp.detach()
+            ratio = (logp - proximal).exp()
+            weight = (proximal - behaviour).exp().clamp(max=self.importance_weight_cap)
+            with torch.no_grad():
+                tokens = mask.sum().clamp(min=1)
+                stats["importance_weight_mean"] = (weight * mask).sum() / tokens
+                capped = (proximal - behaviour).exp() > self.importance_weight_cap
+                stats["importance_weight_capped"] = (capped.to(mask.dtype) * mask).sum() / tokens
+        else:
+            ratio = (logp - behaviour).exp()
+            weight = torch.ones_like(ratio)
+        clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
+        per_token = -weight * torch.minimum(ratio * advantage, clipped * advantage)
         if self.ref_model is not None and self.beta > 0:
             delta = batch["ref_log_probs"] - logp
             kl = delta.exp() - delta - 1
@@ -436,4 +489,4 @@ class GRPOModule(L.LightningModule):
         return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
 
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule"]
+__all__ = ["DEFAULT_REWARDS", "OFF_POLICY_CORRECTIONS", "GRPOModule"]
