@@ -75,6 +75,11 @@ JOBS = {
         args=["--model.init_from=runs/sft_for_grpo/version_0/checkpoints/last.ckpt"],
         setup=[_sft_for_grpo()],
     ),
+    "llm_grpo_async": Job(
+        "200 steps from 300 of SFT",
+        args=["--model.init_from=runs/sft_for_grpo/version_0/checkpoints/last.ckpt"],
+        setup=[_sft_for_grpo()],
+    ),
     "offline_from_disk": Job(
         "300 steps",
         setup=[
