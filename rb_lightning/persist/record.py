@@ -102,11 +102,10 @@ class BufferRecord:
     resolved: str | None = None
 
     def __eq__(self, other: object) -> bool:
+        # By value: the generated __eq__ would compare tensors elementwise and fail.
         if not isinstance(other, BufferRecord):
             return NotImplemented
         return _comparable(self.to_dict()) == _comparable(other.to_dict())
-
-    __hash__ = None  # type: ignore[assignment]  # mutable tensors inside
 
     # -- questions every reader asks ---------------------------------------------------------
     @property
