@@ -15,9 +15,9 @@ a Ray-served buffer           ``RemoteBuffer``       by its actor, once, beside 
 a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
 ============================  ===================  =========================================
 
-A new kind of buffer is a new handle, registered (:func:`~rb_lightning.buffers.registry.register_buffer_kind`), not a
-branch in every module using a buffer: the Ray handles are registered by
-:mod:`rb_lightning.distributed`.
+A new kind of buffer is a new handle, registered
+(:func:`~rb_lightning.buffers.registry.register_buffer_kind`), not a branch in
+every module using a buffer: :mod:`rb_lightning.distributed` registers the Ray kind.
 
 Examples:
     >>> import torch
@@ -72,7 +72,6 @@ __all__ = [
     "RankBuffers",
     "resolve_buffer",
     "storage_device",
-    "resolve_buffer",
 ]
 
 
