@@ -8,6 +8,8 @@ concurrent writes, what a worker draws depends on timing even without a resume.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import pytest
 import torch
 from resume_helpers import buffer_ids, make_buffer, make_trainer
@@ -22,6 +24,18 @@ CASES = {
     # Persistent workers and an unbounded stream: workers read ahead several batches.
     "stream-persistent": dict(dm=dict(num_batches=None, persistent_workers=True), n=4),
 }
+
+
+@pytest.fixture(autouse=True)
+def _workers_from_a_forkserver():
+    """Workers get the DataLoader's dataset pickled into a fresh process, as under spawn
+    (torchrl's default), but forked from a server that imported torch and rb_lightning once:
+    each of the ~10 worker starts of a case spent seconds on those imports."""
+    previous = mp.get_start_method(allow_none=True)
+    mp.set_forkserver_preload(["rb_lightning", "rb_lightning.stream.datasets", "torchrl"])
+    mp.set_start_method("forkserver", force=True)
+    yield
+    mp.set_start_method(previous, force=True)
 
 
 def _run(root, spec, steps, *, ckpt_path=None, filled=True):
