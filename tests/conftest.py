@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from pathlib import Path
 
@@ -39,6 +40,21 @@ def list_rb() -> ReplayBuffer:
             )
         )
     return rb
+
+
+@pytest.fixture
+def workers_from_a_forkserver():
+    """DataLoader workers started from a forkserver that imported torch and rb_lightning once.
+
+    A worker still gets the dataset pickled into a fresh process, as under spawn (torchrl's
+    default start method), but does not spend seconds importing torch, torchrl and
+    rb_lightning again: each worker start under spawn did.
+    """
+    previous = mp.get_start_method(allow_none=True)
+    mp.set_forkserver_preload(["rb_lightning", "rb_lightning.stream.datasets", "torchrl"])
+    mp.set_start_method("forkserver", force=True)
+    yield
+    mp.set_start_method(previous, force=True)
 
 
 #: A test file that shares a fixture among its tests (see below) says so in its source.

@@ -8,14 +8,16 @@ concurrent writes, what a worker draws depends on timing even without a resume.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 from resume_helpers import buffer_ids, make_buffer, make_trainer
 from test_resume_user_hooks import ValueRecorder
 
 from rb_lightning import ReplayBufferDataModule
+
+# Workers from a forkserver (tests/conftest.py): each of a case's ~10 worker starts spent
+# seconds importing torch and rb_lightning under spawn.
+pytestmark = pytest.mark.usefixtures("workers_from_a_forkserver")
 
 CASES = {
     # 5-batch epochs, resumed at batch 3 of the first: an odd position, so the resumed
@@ -24,18 +26,6 @@ CASES = {
     # Persistent workers and an unbounded stream: workers read ahead several batches.
     "stream-persistent": dict(dm=dict(num_batches=None, persistent_workers=True), n=4),
 }
-
-
-@pytest.fixture(autouse=True)
-def _workers_from_a_forkserver():
-    """Workers get the DataLoader's dataset pickled into a fresh process, as under spawn
-    (torchrl's default), but forked from a server that imported torch and rb_lightning once:
-    each of the ~10 worker starts of a case spent seconds on those imports."""
-    previous = mp.get_start_method(allow_none=True)
-    mp.set_forkserver_preload(["rb_lightning", "rb_lightning.stream.datasets", "torchrl"])
-    mp.set_start_method("forkserver", force=True)
-    yield
-    mp.set_start_method(previous, force=True)
 
 
 def _run(root, spec, steps, *, ckpt_path=None, filled=True):
