@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from pathlib import Path
 
@@ -41,12 +42,27 @@ def list_rb() -> ReplayBuffer:
     return rb
 
 
+@pytest.fixture
+def workers_from_a_forkserver():
+    """DataLoader workers started from a forkserver that imported torch and rb_lightning once.
+
+    A worker still gets the dataset pickled into a fresh process, as under spawn (torchrl's
+    default start method), but does not spend seconds importing torch, torchrl and
+    rb_lightning again: each worker start under spawn did.
+    """
+    previous = mp.get_start_method(allow_none=True)
+    mp.set_forkserver_preload(["rb_lightning", "rb_lightning.stream.datasets", "torchrl"])
+    mp.set_start_method("forkserver", force=True)
+    yield
+    mp.set_start_method(previous, force=True)
+
+
 #: A test file that shares a fixture among its tests (see below) says so in its source.
 _MODULE_SCOPE = 'scope="module"'
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Which tests pytest-xdist runs in the same test process (``--dist loadgroup``).
 
     The tests of a file with a module-scoped fixture (a DDP run shared by its tests) stay
@@ -68,3 +84,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         else:
             group = item.nodeid
         item.add_marker(pytest.mark.xdist_group(group))
+        if group != item.nodeid:  # a group of one test is scheduled alone anyway
+            _name_group_in_id(config, item, group)
+
+
+def _name_group_in_id(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Append ``@<group>`` to the test's id in a pytest-xdist worker, as pytest-xdist means to.
+
+    pytest-xdist (3.8) tells its scheduler a test's group by appending ``@<group>`` to
+    ``item._nodeid``; pytest 9 keeps the id in ``item._id``, so that append is lost and
+    ``--dist loadgroup`` grouped nothing: the tests of one file ran on both processes and
+    a module-scoped fixture ran once in each (a shared DDP or killed-runs fixture twice).
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return  # not a worker of --dist loadgroup
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest 9; pytest-xdist handles pytest 8
+    except ImportError:
+        return
+    item._id = coerce_node_id(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]

@@ -1,17 +1,21 @@
 """DataLoader workers: an epoch is split across workers, and each worker draws its own stream.
 
 Each spawned worker re-imports torch and torchrl (seconds on 2 cores), so every loader
-started here is checked for several properties at once.
+started here is checked for several properties at once, and the workers start from a
+forkserver that imported them once (tests/conftest.py; the dataset is pickled as under spawn).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from rb_testdata import make_transitions
 from torch.utils.data import DataLoader
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rb_lightning import ReplayBufferBatchDataset, ReplayBufferDataset, batch_loader
+
+pytestmark = pytest.mark.usefixtures("workers_from_a_forkserver")
 
 
 def _rb(seeded: bool) -> ReplayBuffer:

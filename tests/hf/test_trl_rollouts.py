@@ -21,6 +21,9 @@ from rb_lightning.hf.trl_rollouts import ROLLOUTS_DIR, RolloutRecorder  # noqa: 
 pytestmark = pytest.mark.hf
 
 BATCH, GENERATIONS = 4, 2  # per step: 2 prompts x 2 completions
+# Room for every rollout of the test (4 steps x BATCH) without a wrap; the default 100,000
+# rows cost seconds per extend (a NonTensorStack as long as the storage).
+CAPACITY = 64
 
 
 def grpo(output_dir, tokenizer, prompts_rb, seen, max_steps):
@@ -79,7 +82,7 @@ def test_rollouts_survive_a_checkpoint_and_resume_once_each(tmp_path):
     # Run 1: 3 steps, checkpoint at step 2; step 3 is lost as if the job died after it.
     seen_first: list = []
     first = grpo(out, tokenizer, prompts_rb, seen_first, max_steps=3)
-    recorder = RolloutRecorder().attach(first)
+    recorder = RolloutRecorder(capacity=CAPACITY).attach(first)
     first.train()
     recorded = rows(recorder.replay_buffer)
     assert len(recorded) == 3 * BATCH and recorder.generations == 3
@@ -100,7 +103,7 @@ def test_rollouts_survive_a_checkpoint_and_resume_once_each(tmp_path):
     # Run 2: a new process would build everything again; resume from checkpoint-2 to step 4.
     seen_second: list = []
     second = grpo(out, tokenizer, prompts_rb, seen_second, max_steps=4)
-    resumed = RolloutRecorder().attach(second)
+    resumed = RolloutRecorder(capacity=CAPACITY).attach(second)
     second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert second.state.global_step == 4
     final = rows(resumed.replay_buffer)

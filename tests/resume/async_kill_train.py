@@ -19,7 +19,10 @@ the ``.ckpt``. At the save of step :data:`KILL_STEP` the process kills itself at
 The hooks are a real ``CheckpointIO`` under the async layer, an ``AsyncCheckpointIO``
 subclass and a callback: nothing of Lightning or rb_lightning is replaced.
 
-Usage: ``KILL_POINT=<point> KILL_TARGET=last|step python async_kill_train.py ROOT``.
+Usage: ``KILL_POINT=<point> KILL_TARGET=last|step python async_kill_train.py ROOT``, or
+``python async_kill_train.py --cases POINT:TARGET:ROOT ...``: one process per case, each
+forked from this one once the imports are done (they were most of each run's time), its
+output in ``ROOT/train.log`` and its exit code (``-9``: killed) in ``ROOT/exit_code``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +135,41 @@ def build(root: Path, max_steps: int) -> tuple[L.Trainer, Recorder, ReplayBuffer
     return trainer, Recorder(write_per_step=WRITES_PER_STEP), datamodule
 
 
+def _run(root: Path) -> None:
+    trainer, module, datamodule = build(root, max_steps=MAX_STEPS)
+    trainer.fit(module, datamodule=datamodule)
+
+
+def _fork_cases(cases: list[str]) -> None:
+    """Run each ``POINT:TARGET:ROOT`` in a child of this process, all at once."""
+    global POINT, TARGET
+    children = {}
+    for case in cases:
+        point, target, root = case.split(":", 2)
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: a whole run, as ``KILL_POINT=point ... ROOT`` would do
+            log = os.open(Path(root) / "train.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(log, 1), os.dup2(log, 2)
+            code = 1
+            try:
+                POINT, TARGET = point, target
+                _run(Path(root))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os._exit(code)
+        children[pid] = Path(root)
+    for pid, root in children.items():
+        _, status = os.waitpid(pid, 0)
+        (root / "exit_code").write_text(str(os.waitstatus_to_exitcode(status)))
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    trainer, module, datamodule = build(Path(sys.argv[1]), max_steps=MAX_STEPS)
-    trainer.fit(module, datamodule=datamodule)
+    if sys.argv[1] == "--cases":
+        _fork_cases(sys.argv[2:])
+    else:
+        _run(Path(sys.argv[1]))

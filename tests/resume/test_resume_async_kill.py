@@ -7,7 +7,9 @@ until it SIGKILLs itself at one step of the save of step 3, then checks every
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,33 +41,32 @@ def _expected_ids(step: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def killed_runs(tmp_path_factory) -> dict[tuple[str, str], Path]:
-    # All cases at once: each child mostly waits on imports and sleeps.
+    # All cases at once, each in a process forked after the imports: each mostly sleeps.
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "PYTHONWARNINGS": "ignore",
     }
-    started = {}
-    for point, target in CASES:
-        root = tmp_path_factory.mktemp(f"{point}-{target}")
-        log = open(root / "train.log", "wb")  # noqa: SIM115 (closed below)
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "async_kill_train.py"), str(root)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**env, "KILL_POINT": point, "KILL_TARGET": target},
-        )
-        started[(point, target)] = (root, proc, log)
-    roots = {}
-    for case, (root, proc, log) in started.items():
-        try:
-            proc.wait(timeout=TIMEOUT_S)
-        finally:
-            proc.kill()
-            log.close()
+    roots = {case: tmp_path_factory.mktemp("-".join(case)) for case in CASES}
+    launcher = subprocess.Popen(
+        [sys.executable, str(HERE / "async_kill_train.py"), "--cases"]
+        + [f"{point}:{target}:{root}" for (point, target), root in roots.items()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # its children with it: killed together below
+    )
+    try:
+        out, _ = launcher.communicate(timeout=TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, out[-3000:]
+    for case, root in roots.items():
         output = (root / "train.log").read_text()[-3000:]
-        assert proc.returncode == -9, f"{case} was not killed at its point:\n{output}"
-        roots[case] = root
+        code = int((root / "exit_code").read_text())
+        assert code == -9, f"{case} was not killed at its point (exit code {code}):\n{output}"
     return roots
 
 

@@ -15,6 +15,10 @@ from test_resume_user_hooks import ValueRecorder
 
 from rb_lightning import ReplayBufferDataModule
 
+# Workers from a forkserver (tests/conftest.py): each of a case's ~10 worker starts spent
+# seconds importing torch and rb_lightning under spawn.
+pytestmark = pytest.mark.usefixtures("workers_from_a_forkserver")
+
 CASES = {
     # 5-batch epochs, resumed at batch 3 of the first: an odd position, so the resumed
     # workers play each other's roles; the second epoch starts after the resume.

@@ -36,7 +36,7 @@ def torn_rows(batch: TensorDict) -> int:
     return int((~whole).sum())
 
 
-def test_workers_never_read_rows_before_they_are_written():
+def test_workers_never_read_rows_before_they_are_written(workers_from_a_forkserver):
     # torchrl publishes a new length before copying the rows; without a shared lock, a spawned
     # worker reads never-written rows (0-80 per 64k reads here). The DataModule installs it.
     rb = ReplayBuffer(storage=LazyTensorStorage(60_000))
@@ -88,7 +88,7 @@ class _RecordIds(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def test_persistent_memmap_workers_across_epochs_see_new_rows(tmp_path):
+def test_persistent_memmap_workers_across_epochs_see_new_rows(tmp_path, workers_from_a_forkserver):
     rb = ReplayBuffer(storage=LazyMemmapStorage(1_000, scratch_dir=tmp_path))
     rb.extend(rows(0, 100))
     dm = ReplayBufferDataModule(
