@@ -106,3 +106,20 @@ def test_the_layers_below_lightning_know_no_trainer():
         and "lightning" in _third_party_roots(path)
     ]
     assert not found, f"these import the lightning package below the Lightning layer: {found}"
+
+
+def test_every_folder_of_the_package_is_in_the_wheel():
+    # setuptools takes the packages listed in pyproject.toml only: a new layer left out of it
+    # installs a wheel that fails at its first import (.ci/run checks the wheel too, later).
+    import tomllib
+    from test_import_graph import ROOT
+
+    listed = set(
+        tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]
+    )
+    folders = {
+        ".".join(path.parent.relative_to(ROOT.parent).parts) for path in ROOT.rglob("__init__.py")
+    }
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
