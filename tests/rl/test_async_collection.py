@@ -46,9 +46,12 @@ def _fit(collector: OnlineCollector, max_steps: int, rate_limiter=None, callback
 
 
 def _children() -> list[psutil.Process]:
-    # multiprocessing's resource tracker lives as long as the interpreter, by design.
+    # multiprocessing's resource tracker, and the forkserver a test of the same pytest process
+    # may have started (conftest's workers_from_a_forkserver), live as long as the
+    # interpreter, by design: neither is a collector's worker.
     children = psutil.Process().children(recursive=True)
-    return [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+    kept = ("resource_tracker", "forkserver")
+    return [c for c in children if not any(k in " ".join(c.cmdline()) for k in kept)]
 
 
 _THREADS_BEFORE_THIS_TEST: set[threading.Thread] = set()
