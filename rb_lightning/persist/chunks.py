@@ -65,15 +65,18 @@ from torchrl.data.replay_buffers.storages import (
 from torchrl.data.replay_buffers.writers import RoundRobinWriter, TensorDictRoundRobinWriter
 
 from rb_lightning import torchrl_compat
-from rb_lightning.errors import ArgumentTypeError
 from rb_lightning.persist.build import buffer_build
-from rb_lightning.persist.components import dump_components, load_components, on_host
+from rb_lightning.persist.components import (
+    dump_components,
+    dump_pending_batches,
+    load_components,
+    on_host,
+)
 from rb_lightning.persist.files import check_disk_space, in_use, is_in_use, sync_path
 from rb_lightning.persist.manifest import (
     CHECKSUMS,
     CHUNKS_DIR,
     MANIFEST,
-    PENDING_DIR,
     TENSOR_ROWS,
     Digests,
     check_plain_files,
@@ -391,14 +394,7 @@ def prepare_chunked_save(
     try:
         staging.mkdir()
         components = dump_components(replay_buffer, staging, digests)
-        for number, batch in enumerate(pending_batches):
-            if not isinstance(batch, TensorDictBase):
-                raise ArgumentTypeError(
-                    "pending_batches",
-                    f"pending batch {number} is a {type(batch).__name__}; only TensorDict "
-                    "batches can be saved for an exact resume.",
-                )
-            digests.add_written(on_host(batch).memmap(staging / PENDING_DIR / str(number)))
+        dump_pending_batches(pending_batches, staging, digests)
         check_plain_files(staging, written=True)
         copy = changed <= _COPY_MAX_FRACTION * capacity or changed * row_bytes <= _COPY_MIN_BYTES
         new: list[Segment] = []

@@ -24,11 +24,17 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning import torchrl_compat
-from rb_lightning.errors import BufferCheckpointError
+from rb_lightning.errors import ArgumentTypeError, BufferCheckpointError
 from rb_lightning.persist.build import SAME_BUILD_HINT
-from rb_lightning.persist.manifest import Digests
+from rb_lightning.persist.manifest import PENDING_DIR, Digests
 
-__all__ = ["dump_components", "ensure_generator", "load_components", "on_host"]
+__all__ = [
+    "dump_components",
+    "dump_pending_batches",
+    "ensure_generator",
+    "load_components",
+    "on_host",
+]
 
 
 def ensure_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
@@ -73,6 +79,22 @@ def dump_components(replay_buffer: ReplayBuffer, root: Path, digests: Digests) -
         "batch_size": torchrl_compat.default_batch_size(replay_buffer),
         "consume_after_n_samples": torchrl_compat.consume_after_n_samples(replay_buffer),
     }
+
+
+def dump_pending_batches(pending_batches: Any, root: Path, digests: Digests) -> None:
+    """Write the batches read ahead of the saved step into ``root/pending_batches/<n>``.
+
+    Raises:
+        ArgumentTypeError: A batch that is not a TensorDict (it could not be saved exactly).
+    """
+    for number, batch in enumerate(pending_batches):
+        if not isinstance(batch, TensorDictBase):
+            raise ArgumentTypeError(
+                "pending_batches",
+                f"pending batch {number} is a {type(batch).__name__}; only TensorDict batches "
+                "can be saved for an exact resume.",
+            )
+        digests.add_written(on_host(batch).memmap(root / PENDING_DIR / str(number)))
 
 
 def load_components(

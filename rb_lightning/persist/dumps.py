@@ -36,9 +36,9 @@ from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from rb_lightning import torchrl_compat
-from rb_lightning.errors import ArgumentTypeError, BufferCheckpointError
+from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.persist.build import SAME_BUILD_HINT, buffer_build, check_same_build
-from rb_lightning.persist.components import on_host
+from rb_lightning.persist.components import dump_pending_batches
 from rb_lightning.persist.kinds import kind_named, kind_of, writes_filled_rows_only
 from rb_lightning.persist.manifest import (
     PENDING_DIR,
@@ -140,14 +140,7 @@ def dump_buffer(
     digests = Digests(root)
     kind = kind_of(replay_buffer)
     content = {**(extra or {}), **kind.save(replay_buffer, root, digests)}
-    for number, batch in enumerate(pending_batches):
-        if not isinstance(batch, TensorDictBase):
-            raise ArgumentTypeError(
-                "pending_batches",
-                f"pending batch {number} is a {type(batch).__name__}; only TensorDict batches "
-                "can be saved for an exact resume.",
-            )
-        digests.add_written(on_host(batch).memmap(root / PENDING_DIR / str(number)))
+    dump_pending_batches(pending_batches, root, digests)
     check_plain_files(root, written=True)
     return write_manifest(
         root,
