@@ -199,7 +199,7 @@ class BufferRecord:
     def from_dict(cls, saved: Mapping[str, Any]) -> BufferRecord:
         """Read a record stored by :meth:`to_dict`, or by a version before the record."""
         if "location" in saved and "kind" not in saved:
-            return cls._from_location_dict(saved)
+            saved = _in_record_form(saved)
         version = saved.get("record")
         if not isinstance(version, int) or version > RECORD_VERSION:
             raise BufferCheckpointError(
@@ -230,45 +230,44 @@ class BufferRecord:
             resolved=saved.get("resolved"),
         )
 
-    @classmethod
-    def _from_location_dict(cls, saved: Mapping[str, Any]) -> BufferRecord:
-        """A checkpoint of the format before the record: ``{"location": ..., ...}``."""
-        location = saved["location"]
-        if location == "mixture":
-            members = {
-                name: cls.from_dict(saved["members"][name]) for name in saved.get("names", ())
-            }
-            return cls(kind="mixture", members=members, generator=saved.get("generator"))
-        if location == "remote":
-            return cls(kind="elsewhere")
-        if location == "inline":
-            kind: RecordKind = "inline"
-        elif location == "beside":
-            kind = (
-                "ranks"
-                if "world_size" in saved
-                else "shards"
-                if saved.get("sharded")
-                else "actor"
-                if saved.get("remote")
-                else "beside"
-            )
-        else:
-            raise BufferCheckpointError(
-                f"Unknown replay-buffer location {location!r}: this rb_lightning reads "
-                "'inline', 'beside', 'remote' and 'mixture'. Read the checkpoint with the "
-                "rb_lightning version that wrote it."
-            )
-        return cls(
-            kind=kind,
-            len=int(saved.get("len", 0)),
-            write_count=int(saved.get("write_count", 0)),
-            archive=saved.get("archive"),
-            dir=saved.get("dir"),
-            version=saved.get("version"),
-            world_size=int(saved.get("world_size", 1)),
-            resolved=saved.get("resolved"),
+
+def _in_record_form(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint of the format before the record (``{"location": ..., ...}``), as a record dict.
+
+    Examples:
+        >>> _in_record_form({"location": "remote", "saved_by_rank": 0})
+        {'record': 1, 'kind': 'elsewhere'}
+    """
+    location = saved["location"]
+    if location == "mixture":
+        members = {name: saved["members"][name] for name in saved.get("names", ())}
+        return {
+            "record": 1,
+            "kind": "mixture",
+            "members": members,
+            "generator": saved.get("generator"),
+        }
+    if location == "remote":
+        return {"record": 1, "kind": "elsewhere"}
+    if location == "inline":
+        kind: RecordKind = "inline"
+    elif location == "beside":
+        kind = (
+            "ranks"
+            if "world_size" in saved
+            else "shards"
+            if saved.get("sharded")
+            else "actor"
+            if saved.get("remote")
+            else "beside"
         )
+    else:
+        raise BufferCheckpointError(
+            f"Unknown replay-buffer location {location!r}: this rb_lightning reads "
+            "'inline', 'beside', 'remote' and 'mixture'. Read the checkpoint with the "
+            "rb_lightning version that wrote it."
+        )
+    return {**saved, "record": 1, "kind": kind}
 
 
 def mixture_record(members: Mapping[str, Any], generator: torch.Tensor | None) -> dict[str, Any]:
