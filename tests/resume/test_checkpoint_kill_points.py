@@ -12,12 +12,11 @@ no test here can cause.
 from __future__ import annotations
 
 import os
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kill_points import run_killed_at
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
@@ -29,8 +28,6 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 CAPACITY = 64
 OLD, NEW = 20, 28  # items in the previous and in the new checkpoint
-# Audit events of a save that change the filesystem (os.open for fsync is read-only).
-_CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "shutil.move"}
 
 
 def _buffer(n: int) -> ReplayBuffer:
@@ -44,52 +41,13 @@ def _save(rb: ReplayBuffer, path: Path) -> None:
     BufferCheckpointIO().save_checkpoint(checkpoint, path)
 
 
-def _changes(root: Path, event: str, args: tuple) -> bool:
-    if not any(str(root) in str(arg) for arg in args if isinstance(arg, (str, os.PathLike))):
-        return False
-    if event == "open":  # (path, mode, flags): writes only
-        mode, flags = args[1], args[2]
-        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
-        return (isinstance(mode, str) and mode[:1] in "wax+") or (
-            isinstance(flags, int) and flags & writes
-        )
-    return event in _CHANGES
-
-
 def _save_in_child(root: Path, kill_at: int) -> int:
     """Fork; the child saves the new checkpoint, dying before change ``kill_at`` (0: never).
 
     Returns how many changes the child's save made (when it was not killed), else -9.
     """
     rb = _buffer(NEW)  # built here: what torchrl registers at build time is released here
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read)
-            torch.set_num_threads(1)
-            seen = [0]
-
-            def hook(event: str, args: tuple) -> None:
-                if _changes(root, event, args):
-                    seen[0] += 1
-                    if seen[0] == kill_at:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-            sys.addaudithook(hook)
-            _save(rb, root / "last.ckpt")
-            os.write(write, str(seen[0]).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(read) as pipe:
-        reported = pipe.read()
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return -9
-    assert os.WEXITSTATUS(status) == 0 and reported, "the child's save failed"
-    return int(reported)
+    return run_killed_at(root, kill_at, lambda: _save(rb, root / "last.ckpt"))
 
 
 def _loaded_items(path: Path) -> int:

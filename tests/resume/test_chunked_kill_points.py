@@ -14,12 +14,11 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kill_points import run_killed_at
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
@@ -32,7 +31,6 @@ from rb_lightning.persist.manifest import CHUNKS_DIR, MANIFEST
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 CAPACITY = 64
-_CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "shutil.move"}
 
 
 def _rows(n: int, start: int) -> TensorDict:
@@ -57,18 +55,6 @@ def _ids(rb: ReplayBuffer) -> list[int]:
     return rb[torch.arange(len(rb))]["id"].tolist()
 
 
-def _changes(root: Path, event: str, args: tuple) -> bool:
-    if not any(str(root) in str(arg) for arg in args if isinstance(arg, (str, os.PathLike))):
-        return False
-    if event == "open":  # (path, mode, flags): writes only
-        mode, flags = args[1], args[2]
-        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
-        return (isinstance(mode, str) and mode[:1] in "wax+") or (
-            isinstance(flags, int) and flags & writes
-        )
-    return event in _CHANGES
-
-
 def _setup(root: Path) -> tuple[ReplayBuffer, dict]:
     """``old.ckpt`` (8 rows) and ``last.ckpt`` (48 rows) in ``root``; the buffer that saved them."""
     io = BufferCheckpointIO(incremental=True, background=False)  # no thread before the fork
@@ -88,39 +74,16 @@ def _save_in_child(root: Path, rb: ReplayBuffer, kill_at: int) -> int:
 
     Returns how many changes the child made (when it was not killed), else -9.
     """
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read)
-            torch.set_num_threads(1)
-            seen = [0]
 
-            def hook(event: str, args: tuple) -> None:
-                if _changes(root, event, args):
-                    seen[0] += 1
-                    if seen[0] == kill_at:
-                        os.kill(os.getpid(), signal.SIGKILL)
+    def save_and_rotate() -> None:
+        io = BufferCheckpointIO(incremental=True)  # the writer thread starts here
+        rb.extend(_rows(24, 200))  # wraps: rows 48-63 and 0-7, all of old.ckpt's rows
+        rb.update_priority(torch.arange(30, 35), torch.full((5,), 2.0))
+        _save(io, rb, root / "last.ckpt")
+        io.remove_checkpoint(root / "old.ckpt")  # waits for the save, as rotation does
+        io.teardown()
 
-            sys.addaudithook(hook)
-            io = BufferCheckpointIO(incremental=True)  # the writer thread starts here
-            rb.extend(_rows(24, 200))  # wraps: rows 48-63 and 0-7, all of old.ckpt's rows
-            rb.update_priority(torch.arange(30, 35), torch.full((5,), 2.0))
-            _save(io, rb, root / "last.ckpt")
-            io.remove_checkpoint(root / "old.ckpt")  # waits for the save, as rotation does
-            io.teardown()
-            os.write(write, str(seen[0]).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(read) as pipe:
-        reported = pipe.read()
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return -9
-    assert os.WEXITSTATUS(status) == 0 and reported, "the child's save failed"
-    return int(reported)
+    return run_killed_at(root, kill_at, save_and_rotate)
 
 
 def _loaded_ids(path: Path) -> list[int]:
