@@ -13,7 +13,7 @@ run ``--steps`` gradient steps on one frame per step:
 
 Timed from the first training step to the last (start-up, the worker's spawn and the
 warm-up are excluded and reported apart), medians of ``--repeats``, interleaved.
-The goal is ``async <= 1.15 x max(collect_only, train_only)``.
+The goal is ``async <= 1.10 x max(collect_only, train_only)`` (issue 47).
 
 Run from the repository root::
 

@@ -44,6 +44,11 @@ from rb_lightning.errors import PathNotFoundError
 __all__ = [
     "DUMPS_MARKER",
     "buffer_generator",
+    "can_share_writes",
+    "only_view_attached",
+    "stop_sharing_writes",
+    "writer_view",
+    "writes_held",
     "consume_after_n_samples",
     "direct_sampling_ready",
     "non_tensor_value",
@@ -437,6 +442,99 @@ def set_known_column(batch: TensorDictBase, key: str, value: torch.Tensor) -> No
         batch._set_str(key, value, validated=True, inplace=False)
     else:
         batch.set(key, value)
+
+
+# -- torchrl 0.14.1: a process that extends the buffer while this one samples it -----------------
+def can_share_writes(replay_buffer: ReplayBuffer) -> bool:
+    """Whether another process can extend ``replay_buffer`` through torchrl's shared state.
+
+    A ``ReplayBuffer`` or ``TensorDictReplayBuffer`` (no subclass: a Ray buffer, a
+    prioritized buffer class) over an initialized one-dimensional CPU ``TensorStorage``
+    (``LazyTensorStorage``, ``LazyMemmapStorage``) with a plain round-robin writer and no
+    transform or prefetch: its rows, length, cursor and write count then live in memory
+    both processes map (torchrl keeps the counters in ``multiprocessing.Value``).
+    """
+    from torchrl.data import RoundRobinWriter, TensorDictReplayBuffer, TensorStorage
+    from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
+
+    rb = replay_buffer
+    if type(rb) not in (ReplayBuffer, TensorDictReplayBuffer) or not rb.initialized:
+        return False
+    storage = rb.storage
+    return (
+        isinstance(storage, TensorStorage)
+        and storage.initialized
+        and storage.ndim == 1
+        and torch.device(storage.device) == torch.device("cpu")
+        and type(rb.writer) in (RoundRobinWriter, TensorDictRoundRobinWriter)
+        and (rb.transform is None or len(rb.transform) == 0)
+        and not rb._prefetch
+        and getattr(storage, "_compilable", False) is False
+    )
+
+
+def writer_view(replay_buffer: ReplayBuffer, lock: Any) -> ReplayBuffer:
+    """A buffer on ``replay_buffer``'s storage and writer, for a process that only extends it.
+
+    Its sampler is uniform (a ``PrioritizedSampler`` cannot leave its process, and its
+    tree stays with the buffer that samples). Both buffers take ``lock`` around every
+    write and sample (torchrl's ``_write_lock`` of a shared buffer, here one both hold),
+    and the storage's rows are moved to shared memory now, so that a forked process
+    writes into the same pages (a spawned one gets them through torch's pickling).
+    """
+    from torchrl.data import RandomSampler
+
+    content = storage_content(replay_buffer.storage)
+    if isinstance(content, TensorDictBase) and not content.is_memmap():
+        content.share_memory_()
+        content.unlock_()  # share_memory_ locks it; restores of this buffer write new keys
+    view = ReplayBuffer(
+        storage=replay_buffer.storage, writer=replay_buffer.writer, sampler=RandomSampler()
+    )
+    for rb in (replay_buffer, view):
+        rb.share()
+        rb._write_lock = lock
+    return view
+
+
+def stop_sharing_writes(replay_buffer: ReplayBuffer, view: ReplayBuffer) -> None:
+    """Undo :func:`writer_view`: the buffer alone again, without the processes' lock."""
+    replay_buffer.share(False)
+    with contextlib.suppress(ValueError):
+        replay_buffer.storage._attached_entities.remove(view)
+
+
+@contextlib.contextmanager
+def only_view_attached(replay_buffer: ReplayBuffer, view: ReplayBuffer) -> Iterator[None]:
+    """While a writer process starts, its copy of the storage notifies only ``view``.
+
+    A storage tells every buffer attached to it which rows a write changed
+    (``mark_update``). The writer process's copy must not carry ``replay_buffer``:
+    spawn would pickle its sampler (a ``PrioritizedSampler`` refuses) and fork would
+    update a copy of its priority tree that nobody reads.
+    """
+    attached = replay_buffer.storage._attached_entities
+    kept = list(attached)
+    attached[:] = [view]
+    try:
+        yield
+    finally:
+        attached[:] = kept
+
+
+@contextlib.contextmanager
+def writes_held(replay_buffer: ReplayBuffer) -> Iterator[None]:
+    """Hold off writes and samples as ``rb.sample`` does: its thread lock and its write lock.
+
+    The write lock is another process's too once the buffer is shared (:func:`writer_view`);
+    otherwise it is a no-op.
+    """
+    nothing = contextlib.nullcontext()
+    with (
+        getattr(replay_buffer, "_replay_lock", nothing),
+        getattr(replay_buffer, "_write_lock", nothing),
+    ):
+        yield
 
 
 # -- tensordict 0.14: the value inside a NonTensorData ------------------------------------------

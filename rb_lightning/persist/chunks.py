@@ -359,8 +359,22 @@ def prepare_chunked_save(
     capacity straight into their chunk files); without such a save, or when it cannot
     be trusted (see :func:`chunked_save_supported` and the writer checks), every row is.
     Sampler, writer and generator state and ``pending_batches`` are written to the
-    staged version directory here, so the buffer may change as soon as this returns.
+    staged version directory here, so the buffer may change as soon as this returns
+    (a process sharing the buffer's writes waits until then).
     """
+    with torchrl_compat.writes_held(replay_buffer):
+        return _prepare_chunked_save(
+            replay_buffer, directory, pending_batches=pending_batches, extra=extra
+        )
+
+
+def _prepare_chunked_save(
+    replay_buffer: ReplayBuffer,
+    directory: str | os.PathLike,
+    *,
+    pending_batches: Sequence[Any],
+    extra: dict[str, Any] | None,
+) -> ChunkedSave:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     store = (directory.parent / CHUNKS_DIR).resolve()

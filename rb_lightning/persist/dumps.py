@@ -122,7 +122,7 @@ def dump_buffer(
 
     The checksums of the data are taken from the bytes being written (a storage
     must not be written by another thread during a save: the dump would be torn
-    anyway). Files are not ``fsync``-ed here; :func:`~rb_lightning.checkpoint.write_version`
+    anyway; a process sharing the buffer's writes waits for the dump). Files are not ``fsync``-ed here; :func:`~rb_lightning.checkpoint.write_version`
     does it.
 
     Examples:
@@ -139,15 +139,21 @@ def dump_buffer(
     root.mkdir(parents=True)
     digests = Digests(root)
     kind = kind_of(replay_buffer)
-    content = {**(extra or {}), **kind.save(replay_buffer, root, digests)}
+    # A buffer another process writes into (asynchronous collection) waits while it is read:
+    # rows, length and write count of one moment, no half-written row.
+    with torchrl_compat.writes_held(replay_buffer):
+        content = {**(extra or {}), **kind.save(replay_buffer, root, digests)}
+        facts = {
+            "kind": kind.name,
+            "len": len(replay_buffer),
+            "write_count": torchrl_compat.write_count(replay_buffer),
+        }
     dump_pending_batches(pending_batches, root, digests)
     check_plain_files(root, written=True)
     return write_manifest(
         root,
         {
-            "kind": kind.name,
-            "len": len(replay_buffer),
-            "write_count": torchrl_compat.write_count(replay_buffer),
+            **facts,
             "pending_batches": len(pending_batches),
             "build": buffer_build(replay_buffer),
             **content,

@@ -27,11 +27,13 @@ from rb_lightning.rl.envs import make_gym_env
 
 __all__ = [
     "EPISODE_RETURN_KEY",
+    "StoredFrames",
     "acting_policy",
     "check_policy_fits_env",
     "check_stored_keys",
     "collection_env",
     "n_step_transform",
+    "shares_parameters",
 ]
 
 EPISODE_RETURN_KEY = "episode_reward"
@@ -130,3 +132,63 @@ def n_step_transform(
             f"gamma= nor {type(pl_module).__name__}.hparams.gamma is set. Pass gamma=...",
         )
     return MultiStep(gamma=float(gamma), n_steps=n_steps)
+
+
+class StoredFrames:
+    """What a collected batch becomes in the buffer, and the returns of the episodes it ends.
+
+    Called on each batch a collector delivers: hands the returns of the episodes that
+    end in it to ``on_returns``, then makes n-step transitions (``multi_step``), keeps
+    ``keys`` (all: ``None``) less ``exclude_keys``, and flattens it to rows. The same
+    object runs in the training process, or, as the collector's ``postproc``, in its
+    worker process (:meth:`reporting_to` gives it a way to send the returns back).
+    """
+
+    def __init__(
+        self,
+        *,
+        multi_step: MultiStep | None,
+        keys: list[NestedKey] | None,
+        exclude_keys: list[str],
+        n_steps: int,
+        on_returns: Callable[[list[float]], None],
+    ) -> None:
+        self.multi_step = multi_step
+        self.keys = keys
+        self.exclude_keys = exclude_keys
+        self.n_steps = n_steps
+        self.on_returns = on_returns
+
+    def reporting_to(self, on_returns: Callable[[list[float]], None]) -> StoredFrames:
+        """The same conversion, handing the finished episodes' returns to ``on_returns``."""
+        return StoredFrames(
+            multi_step=self.multi_step,
+            keys=self.keys,
+            exclude_keys=self.exclude_keys,
+            n_steps=self.n_steps,
+            on_returns=on_returns,
+        )
+
+    def __call__(self, frames: TensorDictBase) -> TensorDictBase:
+        flat = frames.reshape(-1)
+        done = flat.get(("next", "done")).reshape(flat.shape[0], -1).any(-1)
+        if done.any():
+            returns = flat.get(("next", EPISODE_RETURN_KEY)).reshape(flat.shape[0], -1)
+            self.on_returns(returns[done].sum(-1).tolist())
+        if self.multi_step is not None:
+            # After the returns: n-step targets move ("next", "done") n steps ahead.
+            frames = self.multi_step(frames.rename(*[None] * frames.batch_dims))
+        frames = frames.reshape(-1)
+        if self.keys is not None:
+            check_stored_keys(frames, self.keys, self.n_steps)
+            frames = frames.select(*self.keys, strict=False)
+        if self.exclude_keys:
+            frames = frames.exclude(*self.exclude_keys)
+        return frames.rename(None)  # the collector names dim 0 "time"
+
+
+def shares_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether ``a`` and ``b`` hold the very same parameter tensors (a policy not copied)."""
+    pa = [p.data_ptr() for p in a.parameters()]
+    pb = [p.data_ptr() for p in b.parameters()]
+    return bool(pa) and pa == pb

@@ -1,18 +1,19 @@
 """Collection that runs beside training: a torchrl collector in a worker process or a thread.
 
-The environment steps and the acting policy run away from the training loop; the
-frames come back through a small queue and the *training* process writes them into
-the replay buffer. Writes stay in one process because a ``PrioritizedSampler``'s
-sum tree and the buffer's write cursor live there: torchrl's ``collector.start()``
-would extend the buffer from the worker, which a shared storage can follow but a
-priority tree cannot.
+The environment steps and the acting policy run away from the training loop.
 
 * ``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one
   worker process (real parallelism on CPU). Weights reach it through torchrl's
   ``update_policy_weights_``; the worker collects its next batch while the trainer
-  uses the last one.
+  uses the last one. Given ``write_into`` (a buffer torchrl can share,
+  :func:`~rb_lightning.torchrl_compat.can_share_writes`), the worker converts its
+  frames (``postproc``) and extends that buffer itself; the training process only
+  learns which rows are new (:mod:`rb_lightning.buffers.shared_writes`), and each batch
+  arrives as :class:`WrittenRows`. Otherwise the frames come back through a small
+  queue and the training process writes them.
 * ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`, iterated by a
-  thread of the training process (no start-up cost; shares the GIL with training).
+  thread of the training process (no start-up cost; shares the GIL with training); the
+  training process writes the frames.
 
 Every frame carries the policy version of the weights that acted: the acting policy
 is followed by a :class:`VersionStamp` whose ``version`` buffer travels with the
@@ -31,38 +32,66 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
 import multiprocessing
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors import AsyncCollector, Collector
+from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
 
-from rb_lightning.errors import ArgumentTypeError, CollectorError, SampleTimeoutError, UsageError
+from rb_lightning.buffers.shared_writes import WorkerWrites
+from rb_lightning.errors import ArgumentTypeError, CollectorError, SampleTimeoutError
 from rb_lightning.policy_version import POLICY_VERSION_KEY
+from rb_lightning.rl.acting import StoredFrames
+from rb_lightning.rl.worker_start import (
+    StartMethod,
+    check_start_method,
+    global_start_method,
+    start_worker,
+)
+from rb_lightning.torchrl_compat import can_share_writes, only_view_attached
 
 __all__ = [
     "BackgroundCollection",
     "CollectionMode",
     "StartMethod",
     "VersionStamp",
+    "WrittenRows",
     "check_start_method",
     "set_stamped_version",
     "with_version_stamp",
 ]
 
 CollectionMode = Literal["process", "thread"]
-#: ``multiprocessing`` start methods of a collector's worker process.
-StartMethod = Literal["spawn", "fork", "forkserver"]
+
+
+@dataclass(frozen=True)
+class WrittenRows:
+    """A delivery of rows the worker process wrote into the buffer itself.
+
+    ``index``: their storage indices (already handed to the buffer's sampler);
+    ``returns``: the returns of the episodes their frames finished.
+    """
+
+    index: torch.Tensor
+    returns: list[float]
+
+    def numel(self) -> int:
+        """Rows written."""
+        return len(self.index)
+
+
+#: What the training side is handed: frames to write, or rows the worker wrote.
+Delivery: TypeAlias = TensorDictBase | WrittenRows
 
 
 class VersionStamp(TensorDictModuleBase):
@@ -95,95 +124,6 @@ def set_stamped_version(policy: TensorDictSequential, version: int) -> None:
     stamp.version.fill_(version)
 
 
-def check_start_method(
-    start_method: StartMethod | None, starts_a_process: bool
-) -> StartMethod | None:
-    """``start_method``, checked: a ``multiprocessing`` start method, for a worker process only.
-
-    ``"fork"`` copies the training process: it must not have initialised CUDA (a forked
-    child cannot use it).
-    """
-    if start_method is None:
-        return None
-    if start_method not in multiprocessing.get_all_start_methods():
-        raise UsageError(
-            "start_method",
-            f"start_method must be one of {multiprocessing.get_all_start_methods()} on this "
-            f"platform, got {start_method!r}.",
-        )
-    if not starts_a_process:
-        raise UsageError(
-            "start_method",
-            "start_method applies to asynchronous collection in a worker process "
-            "(asynchronous=True, run_in='process'); remove it or collect in a process.",
-        )
-    if start_method == "fork" and torch.cuda.is_initialized():
-        raise UsageError(
-            "start_method",
-            "start_method='fork' copies the training process, which has initialised CUDA: a "
-            "forked worker cannot use it. Use 'spawn' (the default) on GPU machines.",
-        )
-    return start_method
-
-
-def _start_worker(
-    make_env: Callable[[], EnvBase], policy: TensorDictSequential, timeout: float, **options: Any
-) -> AsyncCollector:
-    """torchrl's ``AsyncCollector``, or a :class:`CollectorError` if its worker is not up in time.
-
-    torchrl waits for a starting worker without a timeout (a worker that fails while
-    importing the main script never answers): the workers started here are killed after
-    ``timeout`` seconds, which ends that wait.
-    """
-    before = set(multiprocessing.active_children())
-    late = threading.Event()
-
-    def kill_new_workers() -> None:
-        late.set()
-        for child in set(multiprocessing.active_children()) - before:
-            child.kill()
-
-    timer = threading.Timer(timeout, kill_new_workers)
-    timer.daemon = True
-    timer.start()
-    try:
-        return AsyncCollector(make_env, policy, **options)
-    except Exception as error:
-        if not late.is_set():
-            raise
-        # The traceback's frames hold the half-built collector, whose weight-sync scheme
-        # would be finalized at interpreter exit, where it blocks: free it now.
-        error.__traceback__ = None
-    finally:
-        timer.cancel()
-    gc.collect()
-    raise CollectorError(
-        f"The asynchronous collector's worker process did not start within {timeout:g}s and "
-        "was stopped. With start_method 'spawn' or 'forkserver' (spawn is the default) the "
-        "worker imports the program's main script again: a script that starts training "
-        'outside `if __name__ == "__main__":` makes the worker fail before it can start. '
-        "Put the script's training code under that guard (train.py does), use "
-        "start_method='fork' on a CPU machine, or raise the rate limiter's timeout if the "
-        "worker's imports are that slow.",
-        argument="start_method",
-    )
-
-
-@contextlib.contextmanager
-def _global_start_method(start_method: StartMethod | None) -> Iterator[None]:
-    # torchrl starts its workers with the program's global start method when one is set
-    # (spawn otherwise): set it for this one start, then put the program's back.
-    if start_method is None:
-        yield
-        return
-    previous = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method(start_method, force=True)
-    try:
-        yield
-    finally:
-        multiprocessing.set_start_method(previous, force=True)
-
-
 class BackgroundCollection:
     """Run ``policy`` in ``make_env()`` beside training; hand back what it collected.
 
@@ -205,6 +145,14 @@ class BackgroundCollection:
         start_method: How ``"process"`` mode starts its worker (:func:`check_start_method`).
         start_timeout: Seconds ``"process"`` mode waits for its worker to start; then the
             worker is killed and :class:`~rb_lightning.errors.CollectorError` raised.
+        write_into: ``"process"`` mode: the buffer the worker extends itself, with its
+            frames converted by ``postproc``, when torchrl can share it
+            (:func:`~rb_lightning.torchrl_compat.can_share_writes`); deliveries are then
+            :class:`WrittenRows`. Otherwise (and in ``"thread"`` mode) deliveries are
+            the collected frames, for the caller to write.
+        postproc: What a batch becomes in ``write_into`` (the worker runs it).
+        rows_learned: The ``write_count`` of ``write_into`` the trainer had learned
+            (a resumed run learns the rest first); ``None``: all of it.
     """
 
     def __init__(
@@ -221,6 +169,9 @@ class BackgroundCollection:
         on_stored: Callable[[], None] | None = None,
         start_method: StartMethod | None = None,
         start_timeout: float = 60.0,
+        write_into: ReplayBuffer | None = None,
+        postproc: StoredFrames | None = None,
+        rows_learned: int | None = None,
     ) -> None:
         self.mode = mode
         set_stamped_version(policy, version)  # the weights the collector starts with
@@ -236,10 +187,12 @@ class BackgroundCollection:
         # torchrl's multi-process collectors change this process's torch threads when
         # they start and stop (minus, then plus, their workers); the trainer keeps its own.
         self._torch_threads = torch.get_num_threads()
+        #: The worker's writes into ``write_into`` (``None``: deliveries are frames).
+        self.writes: WorkerWrites | None = None
         if mode == "process":
-            with _global_start_method(start_method):
-                self.collector: Collector | AsyncCollector = _start_worker(
-                    make_env, policy, start_timeout, num_threads=self._torch_threads, **common
+            with global_start_method(start_method):
+                self.collector: Collector | AsyncCollector = self._start_process(
+                    make_env, policy, start_timeout, write_into, postproc, rows_learned, common
                 )
         else:
             self.collector = Collector(make_env(), copy.deepcopy(policy), **common)
@@ -254,9 +207,49 @@ class BackgroundCollection:
         self._pending_frames = 0
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
+        # Worker writes: a batch was written / the trainer learned what was written.
+        self._rows_noticed = 0 if self.writes is None else self.writes.rows_learned
+        self._arrived = threading.Event()
+        self._learned = threading.Event()
         self._thread = threading.Thread(target=self._feed, name="rb-lightning-collection")
         self._thread.daemon = True  # never keeps a dying interpreter alive
         self._thread.start()
+
+    def _start_process(
+        self,
+        make_env: Callable[[], EnvBase],
+        policy: TensorDictSequential,
+        timeout: float,
+        write_into: ReplayBuffer | None,
+        postproc: StoredFrames | None,
+        rows_learned: int | None,
+        options: dict[str, Any],
+    ) -> AsyncCollector:
+        options = dict(options, num_threads=self._torch_threads)
+        if write_into is None or postproc is None or not can_share_writes(write_into):
+            return start_worker(make_env, policy, timeout, **options)
+        # torchrl starts its worker with the program's start method, spawn if none is set:
+        # the lock and queues the worker shares must come from that context.
+        method = multiprocessing.get_start_method(allow_none=True) or "spawn"
+        writes = WorkerWrites(write_into, multiprocessing.get_context(method), rows_learned)
+        try:
+            with only_view_attached(write_into, writes.view):
+                collector = start_worker(
+                    make_env,
+                    policy,
+                    timeout,
+                    replay_buffer=writes.view,
+                    postproc=postproc.reporting_to(writes.returns.put),
+                    # Rollouts into preallocated tensors, as without a buffer: torchrl turns
+                    # them off when it is given one, but here its runner does the writing.
+                    use_buffers=True,
+                    **options,
+                )
+        except BaseException:
+            writes.close()
+            raise
+        self.writes = writes
+        return collector
 
     # -- the collecting thread ------------------------------------------------------------
     def _feed(self) -> None:
@@ -271,10 +264,13 @@ class BackgroundCollection:
                 if self._before_next is not None:
                     # Starts a batch unless even one more frame past those delivered
                     # and not yet written would run ahead of the trainer.
-                    self._before_next(lambda: self._pending_frames + 1, self._stop)
+                    self._before_next(lambda: self._pending() + 1, self._stop)
                     if self._stop.is_set():
                         return
                 batch = next(frames)
+                if self.writes is not None:  # the worker wrote it into the buffer
+                    self._await_learning()
+                    continue
                 with self._pending_lock:
                     self._pending_frames += batch.numel()
                 while not self._stop.is_set():
@@ -287,6 +283,17 @@ class BackgroundCollection:
             if not self._stop.is_set():
                 self._failure = error
 
+    def _await_learning(self) -> None:
+        # Taking a batch's notice asks the worker for the next one (torchrl's AsyncCollector):
+        # notices are taken while at most one noticed batch is unlearned, as frames were
+        # while at most one delivered batch waited in the queue.
+        assert self.writes is not None
+        self._rows_noticed += self.frames_per_batch
+        self._arrived.set()
+        while not self._stop.is_set() and self._pending() > self.frames_per_batch:
+            self._learned.wait(0.05)
+            self._learned.clear()
+
     # -- the training side ----------------------------------------------------------------
     def sync(self, version: int) -> None:
         """Hand the policy's current weights, stamped with ``version``, to the collector.
@@ -298,9 +305,24 @@ class BackgroundCollection:
         set_stamped_version(self._source_policy, version)
         self._weights = TensorDict.from_module(self._source_policy).clone()
 
-    def ready(self, store: Callable[[TensorDictBase], None]) -> None:
+    def _pending(self) -> int:
+        """Frames delivered (written by the worker: noticed) that the trainer has not taken yet.
+
+        Rows the worker wrote before their batch's notice was taken are neither pending
+        nor learned: that batch is the one torchrl's collector starts, unasked, as it hands
+        back the last, and it counts once its notice is taken, as a delivered one did.
+        """
+        if self.writes is not None:
+            return max(self._rows_noticed - self.writes.rows_learned, 0)
+        return self._pending_frames
+
+    def ready(self, store: Callable[[Delivery], None]) -> None:
         """Hand every batch collected since the last call to ``store``, without waiting."""
         self._raise_failure()
+        if self.writes is not None:
+            if self._pending():
+                self._deliver(None, store)
+            return
         while True:
             try:
                 batch = self._ready.get_nowait()
@@ -308,9 +330,17 @@ class BackgroundCollection:
                 return
             self._deliver(batch, store)
 
-    def take(self, timeout: float, store: Callable[[TensorDictBase], None]) -> None:
+    def take(self, timeout: float, store: Callable[[Delivery], None]) -> None:
         """Hand the next collected batch to ``store``; wait up to ``timeout`` seconds for it."""
         deadline = time.monotonic() + timeout
+        while self.writes is not None:
+            self._raise_failure()
+            if self._pending():
+                return self._deliver(None, store)
+            if time.monotonic() >= deadline:
+                raise SampleTimeoutError(self._stalled(timeout), argument="timeout")
+            self._arrived.wait(min(0.1, max(deadline - time.monotonic(), 0)))
+            self._arrived.clear()
         while True:
             self._raise_failure()
             try:
@@ -338,12 +368,19 @@ class BackgroundCollection:
             "legitimately that slow."
         )
 
-    def _deliver(self, batch: TensorDictBase, store: Callable[[TensorDictBase], None]) -> None:
+    def _deliver(self, batch: TensorDictBase | None, store: Callable[[Delivery], None]) -> None:
         try:
-            store(batch)
+            if batch is None:
+                assert self.writes is not None
+                index = self.writes.learn(self._rows_noticed)
+                self._learned.set()
+                store(WrittenRows(index, self.writes.finished_returns()))
+            else:
+                store(batch)
         finally:
-            with self._pending_lock:
-                self._pending_frames -= batch.numel()
+            if batch is not None:
+                with self._pending_lock:
+                    self._pending_frames -= batch.numel()
             if self._on_stored is not None:  # the collector may wait on the pending count
                 self._on_stored()
 
@@ -371,7 +408,11 @@ class BackgroundCollection:
             ) from failure
 
     def close(self) -> None:
-        """Stop collecting; join the thread and the worker process (idempotent)."""
+        """Stop collecting; join the thread and the worker process (idempotent).
+
+        Rows the worker wrote after the last :meth:`ready` stay unlearned (a checkpoint
+        saved them with the count learned, and a resumed run learns them first).
+        """
         self._stop.set()
         while True:  # free a feeder blocked on a full queue
             try:
@@ -385,6 +426,8 @@ class BackgroundCollection:
         try:
             self.collector.shutdown(raise_on_error=False)
             torch.set_num_threads(self._torch_threads)
+            if self.writes is not None:
+                self.writes.close()
         finally:
             # torchrl's weight sync waits for the worker's acknowledgement without a
             # timeout: a thread caught in it when the worker died stays blocked. It is a

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.collectors import Collector
@@ -22,16 +22,19 @@ from rb_lightning.errors import ArgumentTypeError, UsageError
 from rb_lightning.policy_version import POLICY_VERSION_KEY
 from rb_lightning.rl.acting import (
     EPISODE_RETURN_KEY,
+    StoredFrames,
     acting_policy,
     check_policy_fits_env,
-    check_stored_keys,
     collection_env,
     n_step_transform,
+    shares_parameters,
 )
 from rb_lightning.rl.background import (
     BackgroundCollection,
     CollectionMode,
+    Delivery,
     StartMethod,
+    WrittenRows,
     check_start_method,
     with_version_stamp,
 )
@@ -66,9 +69,9 @@ class OnlineCollector(Callback):
     (:mod:`rb_lightning.rl.background`): torchrl's ``AsyncCollector`` in a worker
     process (``run_in="process"``) or a ``Collector`` in a thread (``"thread"``)
     collects ``frames_per_step`` frames at a time with the weights of the last
-    sync (every ``sync_every_n_steps`` optimizer steps); the training process
-    writes what arrived into the buffer after each step, and the DataModule's
-    ``rate_limiter`` (if any) holds back whichever side runs ahead.
+    sync (every ``sync_every_n_steps`` optimizer steps), and the DataModule's
+    ``rate_limiter`` (if any) holds back whichever side runs ahead. A worker process
+    writes into a buffer torchrl can share itself (:mod:`rb_lightning.buffers.shared_writes`).
 
     Every frame carries ``policy_version``, the optimizer step whose weights acted
     (stored unless ``keys`` leaves it out; ``StalenessAwareSampler`` gates on it).
@@ -230,6 +233,8 @@ class OnlineCollector(Callback):
         self._iterator: Any = None
         self._policy: TensorDictModuleBase | None = None
         self._copies_policy = False
+        self._stored_frames: StoredFrames | None = None
+        self._restored_rows_learned: int | None = None
         self._telemetry = CollectionTelemetry()
         self._rate_limiter: SamplesPerInsert | None = None
         self._trainer: Trainer | None = None
@@ -286,8 +291,21 @@ class OnlineCollector(Callback):
         env.set_seed(seed)
         self._policy = acting_policy(pl_module)
         self._multi_step = n_step_transform(self.n_steps, self.gamma, pl_module)
+        self._stored_frames = StoredFrames(
+            multi_step=self._multi_step,
+            keys=self.keys,
+            exclude_keys=self.exclude_keys,
+            n_steps=self.n_steps,
+            on_returns=self._record_returns,
+        )
         check_policy_fits_env(self._policy, env)
         self._warm_up(env, pl_module)
+        if len(self._buffer) == 0:  # before a worker starts for nothing
+            raise UsageError(
+                "init_random_frames",
+                "The replay buffer is still empty when training starts: set "
+                "init_random_frames >= 1 or fill the buffer before fit.",
+            )
         frames_per_call = self.frames_per_step
         if self._rate_limiter is not None and not self.asynchronous:  # a batch's worth, when asked
             batch_size = int(getattr(trainer.datamodule, "batch_size", 1))  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
@@ -296,16 +314,10 @@ class OnlineCollector(Callback):
             self._start_background(env, seed, trainer.global_step)
         else:
             self.collector = self._make_collector(env, pl_module, frames_per_call)
-            self._copies_policy = not _shares_parameters(self.collector.policy, self._policy)
+            self._copies_policy = not shares_parameters(self.collector.policy, self._policy)
             self._iterator = iter(self.collector)
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(self._collect_on_demand)
-        if len(self._buffer) == 0:
-            raise UsageError(
-                "init_random_frames",
-                "The replay buffer is still empty when training starts: set "
-                "init_random_frames >= 1 or fill the buffer before fit.",
-            )
         self._telemetry.start(trainer.global_step)
 
     def _start_background(self, env: EnvBase, seed: int, version: int) -> None:
@@ -328,6 +340,9 @@ class OnlineCollector(Callback):
             on_stored=None if limiter is None else limiter.wake,
             start_method=self.start_method,
             start_timeout=60.0 if limiter is None else limiter.timeout,
+            write_into=self._buffer,
+            postproc=self._stored_frames,
+            rows_learned=self._restored_rows_learned,
         )
         if self.run_in == "process":  # the worker builds its own; this one did the warm-up
             env.close()
@@ -370,47 +385,38 @@ class OnlineCollector(Callback):
             self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
         self._store(next(self._iterator))
 
-    @property
-    def _version(self) -> int:  # the policy version of what is collected now
-        return self._trainer.global_step if self._trainer is not None else 0
-
     def _collect_on_demand(self) -> int:
-        """Called by the rate limiter when the trainer needs frames: one collector call,
-        or (asynchronous) the next batch the background collector delivers."""
+        """The rate limiter's call for frames: one collector call, or the next batch delivered."""
         before = self.frames
-        if self._background is not None:
-            assert self._rate_limiter is not None
+        if self._background is not None and self._rate_limiter is not None:
             self._background.take(self._rate_limiter.timeout, self._store)
         else:
             self._collect()
         return self.frames - before
 
-    def _store(self, frames: TensorDictBase) -> None:
-        flat = frames.reshape(-1)
-        done = flat.get(("next", "done")).reshape(flat.shape[0], -1).any(-1)
-        if done.any():
-            returns = flat.get(("next", EPISODE_RETURN_KEY)).reshape(flat.shape[0], -1)
-            finished = returns[done].sum(-1).tolist()
-            self.recent_returns.extend(finished)
-            self.episodes += len(finished)
-        if self._multi_step is not None:
-            # After the episode count: n-step targets move ("next", "done") n steps ahead.
-            frames = self._multi_step(frames.rename(*[None] * frames.batch_dims))
-        frames = frames.reshape(-1)
-        # The optimizer step whose weights acted (torchrl's StalenessAwareSampler reads it);
-        # an asynchronous collector's policy stamps it itself.
-        if POLICY_VERSION_KEY not in frames.keys():
-            version = torch.full(frames.shape, self._version, dtype=torch.int64)
-            frames.set(POLICY_VERSION_KEY, version)
-        if self.keys is not None:
-            check_stored_keys(frames, self.keys, self.n_steps)
-            frames = frames.select(*self.keys, strict=False)
-        if self.exclude_keys:
-            frames = frames.exclude(*self.exclude_keys)
-        self._buffer.extend(frames.rename(None))  # the collector names dim 0 "time"
-        self.frames += frames.numel()
+    def _store(self, delivery: Delivery) -> None:
+        if isinstance(delivery, WrittenRows):  # the worker process wrote them itself
+            self._record_returns(delivery.returns)
+            count = delivery.numel()
+        else:
+            frames = delivery  # stamped with the step whose weights acted, unless the policy did
+            if POLICY_VERSION_KEY not in frames.keys():
+                version = torch.full(frames.shape, self._trainer_step(), dtype=torch.int64)
+                frames.set(POLICY_VERSION_KEY, version)
+            assert self._stored_frames is not None
+            rows = self._stored_frames(frames)
+            self._buffer.extend(rows)
+            count = rows.numel()
+        self.frames += count
         if self._rate_limiter is not None:
-            self._rate_limiter.record_insert(frames.numel())
+            self._rate_limiter.record_insert(count)
+
+    def _trainer_step(self) -> int:  # the policy version of what is collected now
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    def _record_returns(self, returns: list[float]) -> None:
+        self.recent_returns.extend(returns)
+        self.episodes += len(returns)
 
     def on_train_batch_end(
         self,
@@ -466,17 +472,22 @@ class OnlineCollector(Callback):
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Counters saved in checkpoints (the buffer itself is the DataModule's business)."""
-        return {
+        state = {
             "frames": self.frames,
             "episodes": self.episodes,
             "recent_returns": list(self.recent_returns),
         }
+        writes = None if self._background is None else self._background.writes
+        if writes is not None:  # a resumed run learns the rows the worker wrote past it first
+            state["rows_learned"] = writes.rows_learned
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.frames = int(state_dict["frames"])
         self.episodes = int(state_dict["episodes"])
         self.recent_returns = deque(state_dict["recent_returns"], maxlen=self.return_window)
+        self._restored_rows_learned = state_dict.get("rows_learned")
 
     @property
     def mean_return(self) -> float:
@@ -484,12 +495,6 @@ class OnlineCollector(Callback):
         if not self.recent_returns:
             return math.nan
         return sum(self.recent_returns) / len(self.recent_returns)
-
-
-def _shares_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    pa = [p.data_ptr() for p in a.parameters()]
-    pb = [p.data_ptr() for p in b.parameters()]
-    return bool(pa) and pa == pb
 
 
 __all__ = ["EPISODE_RETURN_KEY", "OnlineCollector"]

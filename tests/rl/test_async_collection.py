@@ -228,6 +228,13 @@ def test_the_async_main_job_resumes_and_keeps_the_ratio(tmp_path):
     checkpoint = torch.load(
         run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True, mmap=True
     )
+    # The worker wrote the frames itself; the trainer had learned all but the last batch or two
+    # it wrote (a resumed run learns those first).
+    collector = next(
+        v for k, v in checkpoint["callbacks"].items() if k.startswith("OnlineCollector")
+    )
+    saved_writes = checkpoint["ReplayBufferDataModule"]["buffer"]["write_count"]
+    assert 0 <= saved_writes - collector["rows_learned"] <= 2 * 64
     state = checkpoint["ReplayBufferDataModule"]["rate_limiter"]
     # 200 batches of 16 over both processes, and the one Lightning may have drawn ahead.
     assert 200 * 16 <= state["sampled"] <= 201 * 16
