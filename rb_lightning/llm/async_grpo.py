@@ -213,6 +213,11 @@ class AsyncGRPOModule(GRPOModule):
         storage = self._buffer.storage
         first = 0
         self._received_upto = 0
+        if not getattr(storage, "initialized", True):
+            # A fresh run: the storage takes its columns from one unscored batch now, so that
+            # it exists (in shared memory) before the worker starts writing into it.
+            self._buffer.extend(self.generate_groups(0, version=0, scored=False))
+            self._buffer.empty()
         if len(storage):
             # A resumed run: generation continues after the last batch in the buffer.
             self._received_upto = int(self._buffer[: len(storage)]["group"].max()) + 1
@@ -223,6 +228,13 @@ class AsyncGRPOModule(GRPOModule):
             first_batch=first,
             start_method=self.start_method,
             threads=torch.get_num_threads(),
+            write_into=self._buffer,
+        )
+        rank_zero_info(
+            "asynchronous GRPO: the worker writes its groups into the replay buffer itself"
+            if self._worker.writes is not None
+            else "asynchronous GRPO: the worker sends its groups through a pipe (text columns, "
+            "or a buffer torchrl cannot share), the trainer writes them"
         )
         self._push(self.policy_version)
 
@@ -268,7 +280,8 @@ class AsyncGRPOModule(GRPOModule):
     def _store(self, received: tuple[int, TensorDictBase, float]) -> None:
         assert self._buffer is not None
         _, groups, waited = received
-        self._buffer.extend(groups)
+        if self._worker is None or self._worker.writes is None:  # else the worker wrote them
+            self._buffer.extend(groups)
         self._received_upto = int(groups["group"].max()) + 1
         self._last_groups = groups
         self._stats["generation_wait"] += waited

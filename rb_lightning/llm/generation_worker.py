@@ -13,8 +13,13 @@ trains on at step ``i``, so the worker starts it only with weights of version
 limit too: generation runs at most ``max_staleness`` batches ahead of training, never
 further (AReaL's ``max_head_offpolicyness``).
 
-Tensors cross the process boundary as bytes through pipes (the weights as one float32
-string, the groups as numpy arrays), never as shared-memory tensors, so a killed process
+Given the replay buffer (``write_into``, one torchrl can share:
+:func:`~rb_lightning.torchrl_compat.can_share_writes`, and groups without text columns),
+the worker extends it itself and sends only a notice; the trainer learns the new rows
+(:class:`~rb_lightning.buffers.shared_writes.WorkerWrites`) and reads them back for its
+statistics. Otherwise the groups cross the process boundary as numpy arrays through a
+pipe, and the trainer writes them. The weights always go as one float32 byte string.
+Shared memory is torch's file-descriptor kind, unlinked at once, so a killed process
 leaves nothing in ``/dev/shm``.
 
 Examples:
@@ -47,7 +52,9 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from rb_lightning.buffers.shared_writes import WorkerWrites
 from rb_lightning.errors import CollectorError, SampleTimeoutError
+from rb_lightning.torchrl_compat import can_share_writes, only_view_attached
 
 __all__ = ["GenerationWorker"]
 
@@ -98,6 +105,7 @@ def _run(
     groups: Any,
     stop: Any,
     parent: int,
+    buffer_view: Any = None,
 ) -> None:
     """The worker process: generate batch ``first_batch``, the next, ... until ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
@@ -138,10 +146,14 @@ def _run(
                 _load_flat_weights(policy.model, newest[1])
             waited = time.perf_counter() - started
             batch = policy.generate_groups(index, version=version)
-            data = _groups_to_wire(batch)
+            if buffer_view is not None:  # written where it was made; the trainer gets a notice
+                buffer_view.extend(batch)
+                message: tuple[Any, ...] = ("written", index, batch.numel(), waited)
+            else:
+                message = ("groups", index, _groups_to_wire(batch), waited)
             while alive():
                 try:
-                    groups.put(("groups", index, data, waited), timeout=_POLL_S)
+                    groups.put(message, timeout=_POLL_S)
                     break
                 except queue.Full:
                     continue
@@ -169,6 +181,10 @@ class GenerationWorker:
             not in the buffer).
         start_method: ``multiprocessing`` start method (``"spawn"``: a fresh interpreter).
         threads: Torch threads of the worker.
+        write_into: The replay buffer the worker extends itself when torchrl can share it
+            and the groups carry no text (``module_kwargs["store_text"]`` false);
+            :attr:`writes` then says so, and :meth:`receive` hands back groups already
+            in it. ``None``: the trainer writes what :meth:`receive` hands back.
     """
 
     def __init__(
@@ -179,8 +195,18 @@ class GenerationWorker:
         first_batch: int,
         start_method: str = "spawn",
         threads: int = 1,
+        write_into: Any = None,
     ) -> None:
         context = multiprocessing.get_context(start_method)
+        #: The worker's writes into ``write_into`` (``None``: the trainer writes the groups).
+        self.writes: WorkerWrites | None = None
+        if (
+            write_into is not None
+            and not module_kwargs.get("store_text", False)
+            and can_share_writes(write_into)
+        ):
+            self.writes = WorkerWrites(write_into, context)
+        self._rows_noticed = 0 if self.writes is None else self.writes.rows_learned
         self._weights = context.Queue()
         # At most max_staleness + 1 batches can be generated ahead: the bound keeps it so.
         self._groups = context.Queue(maxsize=max_staleness + 2)
@@ -190,6 +216,7 @@ class GenerationWorker:
             args=(
                 module_kwargs, max_staleness, first_batch, threads, self._weights,
                 self._groups, self._stop, os.getpid(),
+                None if self.writes is None else self.writes.view,
             ),
             name="rb-lightning-grpo-generation",
             daemon=True,
@@ -201,7 +228,15 @@ class GenerationWorker:
         if in_main:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self._process.start()
+            if self.writes is None:
+                self._process.start()
+            else:
+                with only_view_attached(write_into, self.writes.view):
+                    self._process.start()
+        except BaseException:
+            if self.writes is not None:
+                self.writes.close()
+            raise
         finally:
             if in_main:
                 signal.signal(signal.SIGINT, previous)
@@ -248,7 +283,16 @@ class GenerationWorker:
                     "resumes with --ckpt_path last once the cause is fixed.",
                     argument="model.init_args.rewards",
                 )
+            if kind == "written":
+                return int(index), self._learn(int(data)), float(waited)
             return int(index), _groups_from_wire(data), float(waited)
+
+    def _learn(self, rows: int) -> TensorDict:
+        # The batch's rows are the next `rows` the worker wrote: learn them, read them back.
+        assert self.writes is not None
+        self._rows_noticed += rows
+        index = self.writes.learn(up_to=self._rows_noticed)
+        return self.writes.replay_buffer[index]
 
     def _died(self) -> None:
         code = self._process.exitcode
@@ -287,6 +331,9 @@ class GenerationWorker:
         for channel in (self._weights, self._groups):
             channel.cancel_join_thread()  # unsent weights of a stopped run are worthless
             channel.close()
+        if self.writes is not None:
+            self.writes.close()
+            self.writes = None
 
 
 def _in_main_thread() -> bool:

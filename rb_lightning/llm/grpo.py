@@ -314,12 +314,15 @@ class GRPOModule(L.LightningModule):
         return total
 
     @torch.no_grad()
-    def generate_groups(self, step: int, version: int | None = None) -> TensorDict:
+    def generate_groups(
+        self, step: int, version: int | None = None, *, scored: bool = True
+    ) -> TensorDict:
         """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU).
 
         ``step`` seeds the prompts and the sampling and numbers the groups; the items are
         stamped ``policy_version = version`` (``None``: ``step``, the synchronous loop's
-        case, where the weights generating step ``s`` are version ``s``).
+        case, where the weights generating step ``s`` are version ``s``). ``scored=False``:
+        rewards of zero, no reward function called (a batch that only shows the columns).
         """
         generator = self._generator(step)
         n_prompts = int(self.prompts_per_step or 1)
@@ -342,7 +345,11 @@ class GRPOModule(L.LightningModule):
         behaviour = out.log_probs  # the sampling distribution's, from the draw's own logits
         self.model.train(was_training)
         completions = decode_completions(self.tokenizer, out.completion_ids)
-        reward = self.score(repeated, completions)
+        reward = (
+            self.score(repeated, completions)
+            if scored
+            else torch.zeros(len(repeated), dtype=torch.float32)
+        )
         grouped = reward.view(n_prompts, self.num_generations)
         advantage = (grouped - grouped.mean(1, keepdim=True)) / (
             grouped.std(1, keepdim=True) + 1e-4
