@@ -461,9 +461,12 @@ def can_share_writes(replay_buffer: ReplayBuffer) -> bool:
     if type(rb) not in (ReplayBuffer, TensorDictReplayBuffer) or not rb.initialized:
         return False
     storage = rb.storage
+    content = storage_content(storage)
+    leaves = content.values(True, True) if isinstance(content, TensorDictBase) else [content]
     return (
         isinstance(storage, TensorStorage)
         and storage.initialized
+        and all(isinstance(leaf, torch.Tensor) for leaf in leaves)  # no strings: not shareable
         and storage.ndim == 1
         and torch.device(storage.device) == torch.device("cpu")
         and type(rb.writer) in (RoundRobinWriter, TensorDictRoundRobinWriter)
@@ -497,9 +500,11 @@ def writer_view(replay_buffer: ReplayBuffer, lock: Any) -> ReplayBuffer:
     return view
 
 
-def stop_sharing_writes(replay_buffer: ReplayBuffer, view: ReplayBuffer) -> None:
-    """Undo :func:`writer_view`: the buffer alone again, without the processes' lock."""
-    replay_buffer.share(False)
+def stop_sharing_writes(
+    replay_buffer: ReplayBuffer, view: ReplayBuffer, *, shared: bool = False
+) -> None:
+    """Undo :func:`writer_view`: the buffer alone again, ``shared`` as it was before."""
+    replay_buffer.share(shared)
     with contextlib.suppress(ValueError):
         replay_buffer.storage._attached_entities.remove(view)
 

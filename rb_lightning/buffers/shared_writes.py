@@ -111,6 +111,7 @@ class WorkerWrites:
         self, replay_buffer: ReplayBuffer, context: Any, rows_learned: int | None = None
     ) -> None:
         self.replay_buffer = replay_buffer
+        self._was_shared = bool(getattr(replay_buffer, "shared", False))
         self.lock = WriterLock(context)
         #: What the worker extends: the same storage and writer, a uniform sampler.
         self.view = writer_view(replay_buffer, self.lock)
@@ -153,5 +154,5 @@ class WorkerWrites:
 
     def close(self) -> None:
         """The buffer alone again: unshared, without the worker's view or queue."""
-        stop_sharing_writes(self.replay_buffer, self.view)
+        stop_sharing_writes(self.replay_buffer, self.view, shared=self._was_shared)
         self.returns.close()

@@ -288,7 +288,9 @@ class BackgroundCollection:
         # notices are taken while at most one noticed batch is unlearned, as frames were
         # while at most one delivered batch waited in the queue.
         assert self.writes is not None
-        self._rows_noticed += self.frames_per_batch
+        # What the worker has written now: this batch (the next one takes it milliseconds
+        # more), however many rows torchrl made of frames_per_batch.
+        self._rows_noticed = max(self._rows_noticed, self.writes.replay_buffer.write_count)
         self._arrived.set()
         while not self._stop.is_set() and self._pending() > self.frames_per_batch:
             self._learned.wait(0.05)
