@@ -115,8 +115,6 @@ class WorkerWrites:
         self.lock = WriterLock(context)
         #: What the worker extends: the same storage and writer, a uniform sampler.
         self.view = writer_view(replay_buffer, self.lock)
-        #: The episode returns the worker's frames finished, sent by its postproc.
-        self.returns = context.SimpleQueue()
         written = replay_buffer.write_count
         self.rows_learned = written if rows_learned is None else min(rows_learned, written)
         self._capacity = int(replay_buffer.storage.max_size)
@@ -145,14 +143,6 @@ class WorkerWrites:
             self.rows_learned = written
         return index
 
-    def finished_returns(self) -> list[float]:
-        """The returns of the episodes the worker's frames finished since the last call."""
-        returns: list[float] = []
-        while not self.returns.empty():
-            returns.extend(self.returns.get())
-        return returns
-
     def close(self) -> None:
-        """The buffer alone again: unshared, without the worker's view or queue."""
+        """The buffer alone again: unshared as it was, without the worker's view."""
         stop_sharing_writes(self.replay_buffer, self.view, shared=self._was_shared)
-        self.returns.close()

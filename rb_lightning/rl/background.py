@@ -189,6 +189,7 @@ class BackgroundCollection:
         self._torch_threads = torch.get_num_threads()
         #: The worker's writes into ``write_into`` (``None``: deliveries are frames).
         self.writes: WorkerWrites | None = None
+        self._returns: Any = None  # with writes: the worker's finished returns (a SimpleQueue)
         if mode == "process":
             with global_start_method(start_method):
                 self.collector: Collector | AsyncCollector = self._start_process(
@@ -231,7 +232,10 @@ class BackgroundCollection:
         # torchrl starts its worker with the program's start method, spawn if none is set:
         # the lock and queues the worker shares must come from that context.
         method = multiprocessing.get_start_method(allow_none=True) or "spawn"
-        writes = WorkerWrites(write_into, multiprocessing.get_context(method), rows_learned)
+        context = multiprocessing.get_context(method)
+        writes = WorkerWrites(write_into, context, rows_learned)
+        # The returns of the episodes the worker's frames finish, sent by its postproc.
+        returns = context.SimpleQueue()
         try:
             with only_view_attached(write_into, writes.view):
                 collector = start_worker(
@@ -239,7 +243,7 @@ class BackgroundCollection:
                     policy,
                     timeout,
                     replay_buffer=writes.view,
-                    postproc=postproc.reporting_to(writes.returns.put),
+                    postproc=postproc.reporting_to(returns.put),
                     # Rollouts into preallocated tensors, as without a buffer: torchrl turns
                     # them off when it is given one, but here its runner does the writing.
                     use_buffers=True,
@@ -247,8 +251,10 @@ class BackgroundCollection:
                 )
         except BaseException:
             writes.close()
+            returns.close()
             raise
         self.writes = writes
+        self._returns = returns
         return collector
 
     # -- the collecting thread ------------------------------------------------------------
@@ -306,6 +312,13 @@ class BackgroundCollection:
         """
         set_stamped_version(self._source_policy, version)
         self._weights = TensorDict.from_module(self._source_policy).clone()
+
+    def _finished_returns(self) -> list[float]:
+        """The returns of the episodes the worker's frames finished since the last call."""
+        returns: list[float] = []
+        while not self._returns.empty():
+            returns.extend(self._returns.get())
+        return returns
 
     def _pending(self) -> int:
         """Frames delivered (written by the worker: noticed) that the trainer has not taken yet.
@@ -376,7 +389,7 @@ class BackgroundCollection:
                 assert self.writes is not None
                 index = self.writes.learn(self._rows_noticed)
                 self._learned.set()
-                store(WrittenRows(index, self.writes.finished_returns()))
+                store(WrittenRows(index, self._finished_returns()))
             else:
                 store(batch)
         finally:
@@ -430,6 +443,7 @@ class BackgroundCollection:
             torch.set_num_threads(self._torch_threads)
             if self.writes is not None:
                 self.writes.close()
+                self._returns.close()
         finally:
             # torchrl's weight sync waits for the worker's acknowledgement without a
             # timeout: a thread caught in it when the worker died stays blocked. It is a

@@ -58,14 +58,14 @@ def read_probe(dirpath: Path, rank: int = 0) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (dirpath / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
-def probed_config(tmp_path: Path, **data_args: Any) -> Path:
-    """``configs/llm_grpo.yaml`` plus a :class:`GroupProbe`, written under ``tmp_path``."""
-    config = yaml.safe_load(GRPO_CONFIG.read_text())
+def probed_config(tmp_path: Path, source: Path = GRPO_CONFIG, **data_args: Any) -> Path:
+    """``source`` (``configs/llm_grpo.yaml``) plus a :class:`GroupProbe`, written under ``tmp_path``."""
+    config = yaml.safe_load(source.read_text())
     config["trainer"]["callbacks"].append(
         {"class_path": "grpo_probe.GroupProbe", "init_args": {"dirpath": str(tmp_path / "probe")}}
     )
     config["data"]["init_args"].update(data_args)
-    path = tmp_path / "grpo.yaml"
+    path = tmp_path / source.name
     path.write_text(yaml.safe_dump(config))
     return path
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
-from grpo_probe import QUIET, REPO, column, metrics, read_probe, train
+from grpo_probe import QUIET, REPO, column, metrics, probed_config, read_probe, train
 
 pytestmark = pytest.mark.hf
 
@@ -21,17 +20,6 @@ ASYNC_KEYS = (
     "async/staleness_mean", "async/staleness_max", "async/trainer_wait_s",
     "async/generation_wait_s", "async/groups_dropped",
 )  # fmt: skip
-
-
-def _probed(tmp_path: Path, **model_args: object) -> Path:
-    config = yaml.safe_load(ASYNC_CONFIG.read_text())
-    config["trainer"]["callbacks"].append(
-        {"class_path": "grpo_probe.GroupProbe", "init_args": {"dirpath": str(tmp_path / "probe")}}
-    )
-    config["model"]["init_args"].update(model_args)
-    path = tmp_path / "grpo_async.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _shm() -> set[str]:
@@ -54,7 +42,7 @@ def _gone(pid: int, grace: float = 5.0) -> bool:
 
 
 def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the_bound(tmp_path):
-    config = _probed(tmp_path)
+    config = probed_config(tmp_path, ASYNC_CONFIG)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
     log = tmp_path / "first.log"

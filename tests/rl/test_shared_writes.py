@@ -18,12 +18,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer
+from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule, SamplesPerInsert
 from rb_lightning.buffers.shared_writes import WorkerWrites, WriterLock
 from rb_lightning.checkpoint import dump_buffer, load_dump
 from rb_lightning.errors import CollectorError
 from rb_lightning.rl import DQN, OnlineCollector
+from rb_lightning.rl.make_cartpole_demos import KEYS
 
 FORK = multiprocessing.get_context("fork")
 
@@ -56,26 +58,11 @@ def test_a_prioritized_sampler_samples_the_rows_the_worker_wrote(start_method):
         sync_every_n_steps=5,
         seed=0,
         n_steps=3,
-        keys=[
-            "observation",
-            "action",
-            ("next", "observation"),
-            ("next", "reward"),
-            ("next", "terminated"),
-            "steps_to_next_obs",
-            "policy_version",
-        ],
+        keys=[*KEYS, "policy_version"],
     )
     seen = WritesSeen(collector)
     limiter = SamplesPerInsert(samples_per_insert=4, min_size=64)
-    trainer = L.Trainer(
-        max_steps=60,
-        callbacks=[collector, seen],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_steps=60, callbacks=[collector, seen])
     dm = ReplayBufferDataModule(rb, batch_size=16, num_batches=None, rate_limiter=limiter)
     trainer.fit(DQN(observation_size=4, num_actions=2, eps_decay_steps=20), datamodule=dm)
 
