@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -81,7 +82,8 @@ def start_worker(
     timer.daemon = True
     timer.start()
     try:
-        return AsyncCollector(make_env, policy, **options)
+        with _ctrl_c_left_to_the_trainer():
+            return AsyncCollector(make_env, policy, **options)
     except Exception as error:
         if not late.is_set():
             raise
@@ -116,3 +118,18 @@ def global_start_method(start_method: StartMethod | None) -> Iterator[None]:
         yield
     finally:
         multiprocessing.set_start_method(previous, force=True)
+
+
+@contextlib.contextmanager
+def _ctrl_c_left_to_the_trainer() -> Iterator[None]:
+    # A terminal's Ctrl-C reaches the whole process group: a worker that took it would die,
+    # and the trainer, finishing its step to save, would find it dead. A process started
+    # with SIGINT ignored keeps it ignored (through fork and through exec).
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -168,8 +168,11 @@ def test_ctrl_c_of_train_py_leaves_no_process_or_semaphore(tmp_path):
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A terminal's Ctrl-C reaches the whole foreground process group, the collector's
+        # worker included: the run gets its own group (and Python's default Ctrl-C handling).
+        preexec_fn=lambda: (os.setsid(), signal.signal(signal.SIGINT, signal.SIG_DFL)),
+    )  # fmt: skip
     workers: list[psutil.Process] = []
     deadline = time.monotonic() + 120
     while not workers and time.monotonic() < deadline:  # training has started once it exists
@@ -178,7 +181,7 @@ def test_ctrl_c_of_train_py_leaves_no_process_or_semaphore(tmp_path):
         workers = [w for w in workers if "resource_tracker" not in " ".join(w.cmdline())]
     assert workers, "the collector's worker process never started"
     time.sleep(3)  # inside fit, past the warm-up
-    run.send_signal(signal.SIGINT)
+    os.killpg(run.pid, signal.SIGINT)
     stdout, stderr = run.communicate(timeout=120)
     assert run.returncode == 130, stdout[-2000:] + stderr[-3000:]
     assert "Traceback" not in stderr
