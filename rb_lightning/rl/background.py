@@ -227,6 +227,10 @@ class BackgroundCollection:
         options: dict[str, Any],
     ) -> AsyncCollector:
         options = dict(options, num_threads=self._torch_threads)
+        # The worker gets a copy: torchrl moves the policy it is given into shared memory
+        # and writes every weight update into it, so given the trainer's own module, a
+        # late update would write older weights over what the optimizer had just stepped.
+        policy = copy.deepcopy(policy)
         if write_into is None or postproc is None or not can_share_writes(write_into):
             return start_worker(make_env, policy, timeout, **options)
         # torchrl starts its worker with the program's start method, spawn if none is set:

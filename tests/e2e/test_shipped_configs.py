@@ -9,6 +9,7 @@ runs it.)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,8 @@ import yaml
 from run_output import unexpected_lines
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+# tests/ too: the fits run with invariants.OptimizerOnlyMoves, as a user adds a callback.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
 ENV.pop("PYTHONWARNINGS", None)  # a user's environment has no filter set
 
 # Per config: what makes fit short, and the metrics validate/test print.
@@ -29,8 +31,9 @@ CONFIGS = {
     "cartpole_dqn": (["--trainer.max_steps=20"], ["val_return"], ["test_return"]),
     "pendulum_sac": (["--trainer.max_steps=20"], ["val_return"], ["test_return"]),
     # validate/test of the asynchronous twins are their synchronous configs' (same model).
-    "cartpole_dqn_async": (["--trainer.max_steps=20"], [], []),
-    "pendulum_sac_async": (["--trainer.max_steps=20"], [], []),
+    # 100 steps: a weight sync that wrote stale weights into the learner did so every ~32.
+    "cartpole_dqn_async": (["--trainer.max_steps=100"], [], []),
+    "pendulum_sac_async": (["--trainer.max_steps=100"], [], []),
     "llm_sft": (
         ["--trainer.max_steps=3"],
         ["val_loss", "val_accuracy"],
@@ -43,9 +46,9 @@ CONFIGS = {
 RL = ("cartpole_dqn", "pendulum_sac")
 
 
-def _run(command: list[str], cwd: Path) -> str:
+def _run(command: list[str], cwd: Path, env: dict[str, str] = ENV) -> str:
     """Run ``command`` as a user would; its output, after checking the exit code and the lines."""
-    result = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "Traceback" not in out
@@ -68,8 +71,18 @@ def test_fit_then_validate_and_test_from_its_checkpoint(name, tmp_path):
         assert "saved 4096 items" in _run(helper, tmp_path)
         common.append(f"--data.init_args.source.init_args.path={tmp_path / 'buffer'}")
 
-    fit = _train(["fit", *common, *fit_args], tmp_path)
+    # Every step starts from the weights its optimizer produced (tests/invariants.py).
+    report = tmp_path / "invariants.json"
+    fit = _run(
+        [sys.executable, str(REPO / "train.py"), "fit", *common, *fit_args,
+         "--trainer.callbacks+=invariants.OptimizerOnlyMoves"],
+        tmp_path,
+        env={**ENV, "RB_INVARIANT_REPORT": str(report)},
+    )  # fmt: skip
     assert "fit stopped at step" in fit
+    checked = json.loads(report.read_text())
+    max_steps = int(fit_args[0].split("=")[1])
+    assert checked == {"steps_checked": max_steps - 1, "moved_at": []}
     run_dir = tmp_path / "runs" / name / "version_0"
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file()
