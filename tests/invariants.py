@@ -33,9 +33,7 @@ class OptimizerOnlyMoves(Callback):
     @staticmethod
     def _weights(pl_module: LightningModule) -> dict[str, torch.Tensor]:
         return {
-            name: p.detach().clone()
-            for name, p in pl_module.named_parameters()
-            if p.requires_grad
+            name: p.detach().clone() for name, p in pl_module.named_parameters() if p.requires_grad
         }
 
     def on_train_batch_start(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ from rb_lightning.rl.background import (
 )
 from rb_lightning.rl.telemetry import CollectionTelemetry
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
+from rb_lightning.stream.sharding import Shard, draw_base_seed
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -112,8 +115,13 @@ class OnlineCollector(Callback):
             name of the member to write to (e.g. ``"online"``); the other
             members stay as they are. ``init_random_frames`` then counts that
             member's items.
-        seed: Seed for the environment. ``None``: drawn from torch's global
-            generator, so ``seed_everything`` makes the run reproducible.
+        seed: Seed of the environment and of the exploration, combined with the
+            DDP rank so that every rank collects its own experience (rank 0 uses
+            ``seed`` itself). ``None``: drawn from torch's global generator, so
+            ``seed_everything`` makes the run reproducible. Collection in the
+            training process draws its random actions from a stream of its own
+            (saved in checkpoints), not from training's; a worker process is seeded
+            with the same number.
         exclude_keys: Keys of collected frames that are not written to the buffer.
         keys: The only keys written to the buffer (nested keys as lists in YAML,
             ``[next, reward]``); ``None``: all. Storing only what the learner
@@ -238,6 +246,8 @@ class OnlineCollector(Callback):
         self._telemetry = CollectionTelemetry()
         self._rate_limiter: SamplesPerInsert | None = None
         self._trainer: Trainer | None = None
+        #: The state of the collection's own random stream (see ``_own_rng``).
+        self._rng_state: torch.Tensor | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def make_env(self, num_envs: int | None = None) -> EnvBase:
@@ -287,8 +297,10 @@ class OnlineCollector(Callback):
         limiter = getattr(trainer.datamodule, "rate_limiter", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         self._rate_limiter = limiter if isinstance(limiter, SamplesPerInsert) else None
         env = self.make_env()
-        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        seed = self._rank_seed(trainer)
         env.set_seed(seed)
+        if self._rng_state is None:  # a resumed run continues its saved stream
+            self._rng_state = torch.Generator().manual_seed(seed).get_state()
         self._policy = acting_policy(pl_module)
         self._multi_step = n_step_transform(self.n_steps, self.gamma, pl_module)
         self._stored_frames = StoredFrames(
@@ -299,7 +311,8 @@ class OnlineCollector(Callback):
             on_returns=self._record_returns,
         )
         check_policy_fits_env(self._policy, env)
-        self._warm_up(env, pl_module)
+        with self._own_rng():
+            self._warm_up(env, pl_module)
         if len(self._buffer) == 0:  # before a worker starts for nothing
             raise UsageError(
                 "init_random_frames",
@@ -319,6 +332,31 @@ class OnlineCollector(Callback):
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(self._collect_on_demand)
         self._telemetry.start(trainer.global_step)
+
+    def _rank_seed(self, trainer: Trainer) -> int:
+        """The seed of this rank's environment and exploration: a function of (seed, rank).
+
+        ``seed=None`` draws the base from torch's global generator, which
+        ``seed_everything`` makes the same on every rank: the rank then makes the
+        streams differ, so N ranks collect N different streams of experience.
+        """
+        base = self.seed if self.seed is not None else draw_base_seed()
+        return Shard(rank=trainer.global_rank).seed(base) % (2**31 - 1)
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        # Collection in the training process draws its exploration (epsilon, random
+        # warm-up actions) from a stream of its own, seeded by (seed, rank) and saved in
+        # checkpoints: ranks explore differently, and training's own random draws do not
+        # depend on how much was collected.
+        assert self._rng_state is not None
+        training = torch.random.get_rng_state()
+        torch.random.set_rng_state(self._rng_state)
+        try:
+            yield
+        finally:
+            self._rng_state = torch.random.get_rng_state()
+            torch.random.set_rng_state(training)
 
     def _start_background(self, env: EnvBase, seed: int, version: int) -> None:
         assert self._policy is not None
@@ -383,7 +421,9 @@ class OnlineCollector(Callback):
         if self._copies_policy:
             assert self.collector is not None and self._policy is not None
             self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
-        self._store(next(self._iterator))
+        with self._own_rng():
+            frames = next(self._iterator)
+        self._store(frames)
 
     def _collect_on_demand(self) -> int:
         """The rate limiter's call for frames: one collector call, or the next batch delivered."""
@@ -480,6 +520,8 @@ class OnlineCollector(Callback):
         writes = None if self._background is None else self._background.writes
         if writes is not None:  # a resumed run learns the rows the worker wrote past it first
             state["rows_learned"] = writes.rows_learned
+        if self._rng_state is not None:
+            state["rng_state"] = self._rng_state.clone()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -488,6 +530,7 @@ class OnlineCollector(Callback):
         self.episodes = int(state_dict["episodes"])
         self.recent_returns = deque(state_dict["recent_returns"], maxlen=self.return_window)
         self._restored_rows_learned = state_dict.get("rows_learned")
+        self._rng_state = state_dict.get("rng_state")
 
     @property
     def mean_return(self) -> float:
