@@ -44,6 +44,7 @@ from rb_lightning.errors import PathNotFoundError
 __all__ = [
     "DUMPS_MARKER",
     "buffer_generator",
+    "restart_permutation",
     "can_share_writes",
     "only_view_attached",
     "stop_sharing_writes",
@@ -351,6 +352,17 @@ def sampler_attribute(sampler: Any, name: str) -> Any:
     """
     attribute = {arg: attr for attr, arg in SAMPLER_SETTINGS.items()}.get(name, name)
     return getattr(sampler, attribute, None)
+
+
+def restart_permutation(sampler: Any) -> None:
+    """Make a ``SamplerWithoutReplacement``'s next draw start a new permutation.
+
+    torchrl 0.14.1 has no public way to drop the rest of the current one; its
+    state dict holds it as ``_sample_list`` (``None``: draw a new one).
+    """
+    sampler.load_state_dict(
+        {**sampler.state_dict(), "_sample_list": None, "len_storage": 0, "_ran_out": False}
+    )
 
 
 def ray_buffer_actor(replay_buffer: Any) -> Any:

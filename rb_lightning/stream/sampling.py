@@ -36,7 +36,12 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import PrioritizedSampler, RandomSampler, ReplayBuffer
+from torchrl.data import (
+    PrioritizedSampler,
+    RandomSampler,
+    ReplayBuffer,
+    SamplerWithoutReplacement,
+)
 
 from rb_lightning import torchrl_compat
 from rb_lightning.buffers.handles import BufferHandle, resolve_buffer
@@ -214,6 +219,34 @@ class BufferStream:
         shard = current_shard() if shard is None else shard
         if shard.is_replica and self._handle.samples_in_process:
             self.reseed(shard.seed(draw_base_seed()))
+
+    def draws_epochs(self) -> bool:
+        """Whether the sampler draws epochs without replacement in this process.
+
+        Copies of such a stream must follow one order (see :meth:`skip`), or together
+        they draw some items twice and miss others.
+        """
+        sampler = getattr(self._replay_buffer, "sampler", None)
+        return self._handle.samples_in_process and isinstance(sampler, SamplerWithoutReplacement)
+
+    def restart_epoch(self, seed: int) -> None:
+        """Reseed with ``seed`` and start a new permutation at the next draw.
+
+        Copies that restart their epoch with the same seed then draw the same order,
+        whatever each drew before.
+        """
+        self.reseed(seed)
+        torchrl_compat.restart_permutation(self._replay_buffer.sampler)
+
+    def skip(self, batches: int) -> None:
+        """Advance the sampler by ``batches`` draws without reading the storage.
+
+        The sampler makes the same generator calls as ``rb.sample`` would, so the next
+        :meth:`sample` draws what it would after that many samples.
+        """
+        rb = self._replay_buffer
+        for _ in range(batches):
+            rb.sampler.sample(rb.storage, self._batch_size)
 
     # -- waiting ----------------------------------------------------------------------------
     def wait_until_ready(self, *, emptied: bool = False) -> None:

@@ -25,11 +25,18 @@ CASES = {
     "sized-mid-epoch": dict(dm=dict(num_batches=5), n=3),
     # Persistent workers and an unbounded stream: workers read ahead several batches.
     "stream-persistent": dict(dm=dict(num_batches=None, persistent_workers=True), n=4),
+    # Without replacement, the workers deal out one order: 40 items are 5 batches of 8.
+    "without-replacement-mid-epoch": dict(
+        dm=dict(num_batches=5), n=3, sampler="without_replacement"
+    ),
+    "without-replacement-stream": dict(
+        dm=dict(num_batches=None, persistent_workers=True), n=4, sampler="without_replacement"
+    ),
 }
 
 
 def _run(root, spec, steps, *, ckpt_path=None, filled=True):
-    rb = make_buffer("random", filled=filled)
+    rb = make_buffer(spec.get("sampler", "random"), filled=filled)
     datamodule = ReplayBufferDataModule(rb, batch_size=8, num_workers=2, **spec["dm"])
     model = ValueRecorder()
     trainer = make_trainer(root, steps, spec["n"])
@@ -51,6 +58,10 @@ def test_two_workers_resume_exactly(tmp_path, case):
     )
 
     assert first.seen == straight.seen[:n]
+    if spec.get("sampler") == "without_replacement":  # each of the 40 items once per 5 batches
+        for epoch in range(0, 2 * n - 4, 5):
+            items = [i for batch in straight.seen[epoch : epoch + 5] for i in batch]
+            assert sorted(items) == list(range(40)), f"epoch at batch {epoch}"
     assert len(set(map(tuple, straight.seen))) == 2 * n, "two workers drew the same batch"
     assert resumed.start_step == n and len(resumed.seen) == n
     for step, (ids, values) in enumerate(zip(resumed.seen, resumed.values, strict=True)):

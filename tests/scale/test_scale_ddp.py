@@ -15,7 +15,7 @@ TIMEOUT_S = 240  # a rank stuck in a collective (epoch length mismatch) ends the
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory) -> dict[str, list[dict]]:
     # Both runs at once: most of their time is process start-up, which overlaps well.
-    dirs = {mode: tmp_path_factory.mktemp(mode) for mode in ("same", "uneven")}
+    dirs = {mode: tmp_path_factory.mktemp(mode) for mode in ("same", "uneven", "without")}
     runs = {mode: start_script("ddp_local.py", out_dir, mode) for mode, out_dir in dirs.items()}
     results = {}
     for mode, proc in runs.items():
@@ -47,3 +47,14 @@ def test_uneven_local_buffers_get_one_epoch_length_on_all_ranks(ddp_runs):
         assert rank["batches_served"] == 20
     assert max(max(b) for b in rank0["ids"]) < 100
     assert max(max(b) for b in rank1["ids"]) >= 100, "rank 1 samples its own, larger buffer"
+
+
+def test_ranks_sharing_a_buffer_draw_each_item_once_per_epoch(ddp_runs):
+    # Without replacement, the ranks deal out one order of their (identical) buffers: per
+    # epoch, the 200 items exactly once between them (before, each rank permuted its own).
+    rank0, rank1 = ddp_runs["without"]
+    for epoch in range(2):
+        drawn = [
+            i for r in (rank0, rank1) for b in r["ids"][epoch * 10 : epoch * 10 + 10] for i in b
+        ]
+        assert sorted(drawn) == list(range(200)), f"epoch {epoch}"

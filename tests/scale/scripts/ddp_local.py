@@ -1,6 +1,6 @@
 """Two DDP ranks (gloo, CPU), each with its own local buffer; writes what each rank drew.
 
-Run by tests/scale/test_scale_ddp.py: ``python ddp_local.py OUT_DIR same|uneven``.
+Run by tests/scale/test_scale_ddp.py: ``python ddp_local.py OUT_DIR same|uneven|without``.
 Lightning's DDP launcher re-runs this script for rank 1, so everything above ``fit``
 runs once per rank.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
@@ -41,10 +41,16 @@ def main(out_dir: Path, mode: str) -> None:
     # The launcher sets LOCAL_RANK for the ranks it starts; the first process is rank 0.
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     L.seed_everything(7)  # the same global seed on both ranks, as users typically do
-    size = 200 if mode == "same" else 100 + 60 * rank
-    rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+    size = 200 if mode in ("same", "without") else 100 + 60 * rank
+    sampler = SamplerWithoutReplacement() if mode == "without" else None
+    rb = ReplayBuffer(storage=LazyTensorStorage(1_000), sampler=sampler)
     rb.extend(TensorDict({"id": torch.arange(size)}, batch_size=[size]))
-    if mode == "same":
+    if mode == "without":
+        # The same 200 items on both ranks, drawn without replacement: 10 batches of 10
+        # per rank are one epoch of the buffer between them.
+        dm = ReplayBufferDataModule(rb, batch_size=10, num_batches=10)
+        limits = {}
+    elif mode == "same":
         # An unbounded stream, bounded per rank by limit_train_batches.
         dm = ReplayBufferDataModule(rb, batch_size=10, num_batches=None)
         limits = {"limit_train_batches": 3}
