@@ -245,6 +245,7 @@ class AsyncGRPOModule(GRPOModule):
         )  # fmt: skip
         kwargs = {name: getattr(self, name) for name in names}
         kwargs.update(
+            seed=self.run_seed,
             config=self.model.config,
             prompts_per_step=self.prompts_per_step,
             rewards=list(self.reward_names),

@@ -109,6 +109,9 @@ class GRPOModule(L.LightningModule):
         max_operand: Largest operand of the generated prompts.
         prompt_width: Columns of the left-padded prompts (tokens).
         seed: Seed of the prompts and of the sampling (with the rank and the step).
+            ``None``: drawn from torch's global generator when training starts, so the
+            run's ``seed_everything`` decides it (``--seed_everything 2`` is another
+            run); the number is saved in checkpoints, and a resume continues with it.
         store_text: Also store the ``prompt`` and ``completion`` strings. In torchrl
             0.14.1 a ``LazyTensorStorage`` writes string columns item by item, which
             costs more than the rest of a tiny model's step;
@@ -144,7 +147,7 @@ class GRPOModule(L.LightningModule):
         rewards: list[str] | None = None,
         max_operand: int = 50,
         prompt_width: int = 8,
-        seed: int = 0,
+        seed: int | None = None,
         store_text: bool = True,
         off_policy_correction: str = "none",
         importance_weight_cap: float = 2.0,
@@ -198,6 +201,7 @@ class GRPOModule(L.LightningModule):
         )
         self.max_operand, self.prompt_width, self.seed = max_operand, prompt_width, seed
         self.store_text = store_text
+        self._drawn_seed: int | None = None  # seed=None: drawn once, when first needed
         self.off_policy_correction = off_policy_correction
         self.importance_weight_cap = float(importance_weight_cap)
         self.init_from = init_from
@@ -268,9 +272,24 @@ class GRPOModule(L.LightningModule):
         if self.prompts_per_step is None:
             self.prompts_per_step = batch_size // group
         self._buffer, self._sampler = buffer, sampler
+        _ = self.run_seed  # seed=None: drawn now, right after seed_everything and the model
+
+    @property
+    def run_seed(self) -> int:
+        """The seed this run generates with: ``seed``, or the one drawn for ``seed=None``."""
+        if self.seed is not None:
+            return int(self.seed)
+        if self._drawn_seed is None:
+            self._drawn_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        return self._drawn_seed
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpo_seed"] = self.run_seed
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed = True
+        if "grpo_seed" in checkpoint:
+            self._drawn_seed = int(checkpoint["grpo_seed"])
 
     def on_fit_start(self) -> None:
         """Say where the policy starts (a resumed run: the CLI names the checkpoint)."""
@@ -298,7 +317,7 @@ class GRPOModule(L.LightningModule):
 
     def _generator(self, step: int) -> torch.Generator:
         # A function of (seed, rank, step) only: a resumed run draws what the straight one did.
-        seed = (self.seed * 1_000_003 + self.global_rank) * 1_000_003 + step
+        seed = (self.run_seed * 1_000_003 + self.global_rank) * 1_000_003 + step
         return torch.Generator(device=self.device).manual_seed(seed % (2**63))
 
     def _prompts(self, n: int, generator: torch.Generator) -> list[str]:

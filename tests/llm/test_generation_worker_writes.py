@@ -29,7 +29,9 @@ def _buffer_with_columns(policy: GRPOModule) -> TensorDictReplayBuffer:
 
 
 def _worker(policy: GRPOModule, rb, store_text: bool) -> GenerationWorker:
-    kwargs = dict(config=CONFIG, num_generations=2, prompts_per_step=2, store_text=store_text)
+    kwargs = dict(
+        config=CONFIG, num_generations=2, prompts_per_step=2, store_text=store_text, seed=0
+    )
     worker = GenerationWorker(
         kwargs, max_staleness=1, first_batch=0, start_method="fork", write_into=rb
     )
@@ -38,7 +40,7 @@ def _worker(policy: GRPOModule, rb, store_text: bool) -> GenerationWorker:
 
 
 def test_the_worker_writes_whole_groups_into_the_buffer_the_trainer_samples():
-    policy = GRPOModule(CONFIG, num_generations=2, prompts_per_step=2, store_text=False)
+    policy = GRPOModule(CONFIG, num_generations=2, prompts_per_step=2, store_text=False, seed=0)
     rb = _buffer_with_columns(policy)
     worker = _worker(policy, rb, store_text=False)
     try:
@@ -62,7 +64,7 @@ def test_the_worker_writes_whole_groups_into_the_buffer_the_trainer_samples():
 
 
 def test_groups_with_text_come_back_through_the_pipe():
-    policy = GRPOModule(CONFIG, num_generations=2, prompts_per_step=2, store_text=True)
+    policy = GRPOModule(CONFIG, num_generations=2, prompts_per_step=2, store_text=True, seed=0)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(64))
     rb.extend(policy.generate_groups(0, version=0, scored=False))
     rb.empty()

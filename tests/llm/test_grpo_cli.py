@@ -73,3 +73,24 @@ def test_batch_size_not_a_multiple_of_the_group_size_is_one_paragraph_and_exit_2
     assert error.startswith("error: data.init_args.batch_size=60 is not a multiple of")
     assert "Use data.init_args.batch_size=56 or 64" in error
     assert "Traceback" not in done.stderr
+
+
+def test_seed_everything_decides_the_run(tmp_path):
+    # A Lightning user changes --seed_everything to get another run (before, GRPOModule drew
+    # its prompts and samples from its own seed=0 whatever the run's seed: seeds 1 and 2 logged
+    # the same rewards). The prompts depend on the seed alone, not on the weights.
+    prompts = {}
+    for name, seed in (("one", 1), ("two", 2), ("one_again", 1)):
+        (tmp_path / name).mkdir()
+        config = probed_config(tmp_path / name)
+        done = train(
+            ["fit", "--config", str(config), "--trainer.max_steps=2", f"--seed_everything={seed}",
+             f"--trainer.logger.init_args.save_dir={tmp_path / name}", *QUIET],
+            tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        # As sets: the order of the groups in a batch is the sampler's (another seeded stream).
+        prompts[name] = [sorted(row["prompts"]) for row in read_probe(tmp_path / name / "probe")]
+    assert len(prompts["one"]) == 2
+    assert prompts["one"] == prompts["one_again"]
+    assert prompts["one"] != prompts["two"]
