@@ -55,13 +55,56 @@ from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
 from rb_lightning import torchrl_compat
 from rb_lightning.buffers.priorities import current_max_priority, in_sampler_dtype
-from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
+from rb_lightning.errors import (
+    ArgumentTypeError,
+    BufferCheckpointError,
+    BufferStateError,
+    MissingKeyError,
+    UsageError,
+)
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
 SOURCE_KEY = "source"
+#: How far from 1 the fractions may add up, and ``fraction * batch_size`` from a whole
+#: number: the rounding of typed decimals (``0.1 + 0.2``, ``0.3333333``), nothing more.
+FRACTION_TOLERANCE = 1e-6
+#: Batch sizes searched for the smallest one a mixture's fractions split exactly.
+_LARGEST_SUGGESTED_BATCH = 100_000
 
-__all__ = ["SOURCE_KEY", "BufferMixture"]
+__all__ = ["FRACTION_TOLERANCE", "SOURCE_KEY", "BufferMixture"]
+
+
+def _typed(given: Mapping[str, float]) -> dict[str, float]:
+    """The values as the user typed them (an int stays an int), as plain Python numbers."""
+    return {
+        str(name): int(value) if isinstance(value, int) and not isinstance(value, bool)
+        else float(value)
+        for name, value in given.items()
+    }  # fmt: skip
+
+
+def _describe(composition: Mapping[str, Any]) -> str:
+    """``fractions={...}`` / ``weights={...}`` as typed; the default in words."""
+    kind, values = next(iter(composition.items()))
+    if values is None:
+        return "equal fractions (neither fractions= nor weights= given)"
+    return f"{kind}={dict(values)!r}"
+
+
+def _normalised(composition: Mapping[str, Any], names: list[str]) -> tuple[str, list[float]]:
+    """``("fractions" | "weights", shares summing to 1)``: what a composition draws."""
+    kind, values = next(iter(composition.items()))
+    if values is None:
+        return "fractions", [1 / len(names)] * len(names)
+    shares = [float(values.get(name, 0.0)) for name in names]
+    total = sum(shares) or 1.0
+    return str(kind), [share / total for share in shares]
+
+
+def _total(values: list[float]) -> str:
+    """A sum as the user would write it (``0.1 + 0.2`` is ``0.3``)."""
+    return f"{math.fsum(values):.12g}"
 
 
 def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
@@ -85,7 +128,30 @@ def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[flo
             what,
             f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0.",
         )
+    if what == "fractions" and abs(math.fsum(values) - 1) > FRACTION_TOLERANCE:
+        raise UsageError(
+            "fractions",
+            f"BufferMixture(fractions={_typed(given)!r}): the fractions add up to "
+            f"{_total(values)}, not 1. Each fraction is an exact share of every batch (a "
+            "member with fraction f gives f * batch_size items), so together they must be 1: "
+            "give shares that add up to 1, or pass these values as weights="
+            f"{_typed(given)!r} to draw each item's member at random with these relative "
+            "weights.",
+        )
     return values
+
+
+def _whole_counts(fractions: list[float], batch_size: int) -> list[int] | None:
+    """Items of each member in a batch of ``batch_size``: ``f * batch_size`` rounded, when
+    each is within :data:`FRACTION_TOLERANCE` of a whole number and they add up to
+    ``batch_size``; else ``None``."""
+    exact = [f * batch_size for f in fractions]
+    counts = [round(e) for e in exact]
+    if sum(counts) != batch_size or any(
+        abs(c - e) > FRACTION_TOLERANCE for c, e in zip(counts, exact, strict=True)
+    ):
+        return None
+    return counts
 
 
 class BufferMixture(ReplayBufferEnsemble):
@@ -98,8 +164,9 @@ class BufferMixture(ReplayBufferEnsemble):
 
     Keyword Args:
         fractions: Name -> share of every batch, exactly: a member with fraction
-            ``f`` gives ``f * batch_size`` items of each batch, which must be a
-            whole number. Normalised to sum to 1.
+            ``f`` gives ``f * batch_size`` items of each batch. The fractions must
+            add up to 1, and each ``f * batch_size`` must be a whole number (both
+            to within :data:`FRACTION_TOLERANCE`); anything else is refused.
         weights: Name -> relative weight: each item of a batch comes from a
             member drawn at random with these weights (the counts per batch vary).
             With neither ``fractions`` nor ``weights``: equal fractions.
@@ -152,17 +219,20 @@ class BufferMixture(ReplayBufferEnsemble):
         self._members = dict(zip(names, buffers, strict=False))
         self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
         if weights is None:
+            # As typed: they add up to 1 (checked), so nothing is rescaled.
             shares = _shares(names, fractions, "fractions") if fractions is not None else None
-            share_list = shares or [1.0] * len(names)
-            total = sum(share_list)
-            self._fractions: list[float] | None = [s / total for s in share_list]
+            self._fractions: list[float] | None = shares or [1 / len(names)] * len(names)
             self._weights: list[float] | None = None
+            self._composition: dict[str, Any] = {
+                "fractions": None if fractions is None else _typed(fractions)
+            }
             super().__init__(*buffers, sample_from_all=True)
         else:
             raw = _shares(names, weights, "weights")
             total = sum(raw)
             self._fractions = None
             self._weights = [w / total for w in raw]
+            self._composition = {"weights": _typed(weights)}
             super().__init__(*buffers, p=self._weights)
 
     # -- members ----------------------------------------------------------------------------
@@ -202,6 +272,38 @@ class BufferMixture(ReplayBufferEnsemble):
         )
 
     @property
+    def composition(self) -> dict[str, Any]:
+        """The composition as given: ``{"fractions": {...}}``, ``{"weights": {...}}``, or
+        ``{"fractions": None}`` for the default equal fractions (what a checkpoint keeps)."""
+        kind, values = next(iter(self._composition.items()))
+        return {kind: None if values is None else dict(values)}
+
+    def check_resumed_composition(self, saved: Mapping[str, Any] | None) -> None:
+        """Refuse to resume a checkpoint whose mixture drew with another composition.
+
+        ``saved``: the checkpoint's :attr:`composition` (``None``: a checkpoint
+        written before it was saved, which is taken). Weights are compared as the
+        shares they draw (``{1, 3}`` is ``{2, 6}``), the default equal fractions
+        as those fractions.
+        """
+        if saved is None:
+            return
+        saved_kind, saved_shares = _normalised(saved, self._names)
+        kind, shares = _normalised(self._composition, self._names)
+        if saved_kind == kind and all(
+            abs(a - b) <= 1e-9 for a, b in zip(saved_shares, shares, strict=True)
+        ):
+            return
+        raise BufferCheckpointError(
+            f"The checkpoint's BufferMixture of {self._names} was saved with "
+            f"{_describe(saved)}, and the DataModule's mixture is given {_describe(self._composition)}. "
+            "A resumed run continues the saved one (the batches it read ahead and its generator "
+            "are in the checkpoint), so it keeps the shares it was saved with: build the "
+            f"mixture with {_describe(saved)} to resume, or start a new run (no ckpt_path) to "
+            "train with other shares."
+        )
+
+    @property
     def prioritized(self) -> bool:
         """Whether any member samples with a ``PrioritizedSampler``."""
         return any(self._prioritized)
@@ -222,22 +324,38 @@ class BufferMixture(ReplayBufferEnsemble):
     def counts(self, batch_size: int) -> list[int]:
         """Items of each member in the next batch of ``batch_size`` (draws for weights)."""
         if self._fractions is not None:
-            exact = [f * batch_size for f in self._fractions]
-            counts = [round(c) for c in exact]
-            if any(abs(c - e) > 1e-6 for c, e in zip(counts, exact, strict=False)):
-                raise UsageError(
-                    "batch_size",
-                    f"BufferMixture(fractions={self.fractions}) with batch_size={batch_size} "
-                    f"gives {exact} items per member, not whole numbers. Choose a batch_size "
-                    "that every fraction divides into whole items (e.g. a multiple of 2 for "
-                    "50/50), or use weights= for random shares.",
-                )
+            counts = _whole_counts(self._fractions, batch_size)
+            if counts is None:
+                raise UsageError("batch_size", self._split_error(batch_size))
             return counts
         probabilities = torch.tensor(self._weights, dtype=torch.float)
         drawn = torch.multinomial(
             probabilities, batch_size, True, generator=torchrl_compat.buffer_generator(self)
         )
         return drawn.bincount(minlength=len(self._names)).tolist()
+
+    def _split_error(self, batch_size: int) -> str:
+        """Why ``batch_size`` is refused, quoting only what was typed."""
+        given = _describe(self._composition)
+        smallest = next(
+            (
+                size
+                for size in range(1, _LARGEST_SUGGESTED_BATCH + 1)
+                if _whole_counts(self._fractions or [], size) is not None
+            ),
+            None,
+        )
+        fix = (
+            f"Choose a batch_size they split exactly: batch_size={smallest} or a multiple of it"
+            if smallest is not None
+            else "Choose fractions that split your batch_size exactly"
+        )
+        return (
+            f"BufferMixture with {given} and batch_size={batch_size}: every batch holds "
+            "exactly fraction * batch_size items of each member, and for this batch_size "
+            f"some of those are not whole numbers. {fix}, or use weights= to draw each "
+            "item's member at random (the counts then vary per batch)."
+        )
 
     def sample(  # flat batch; the info is also in its columns
         self, batch_size: int | None = None, return_info: bool = False

@@ -96,8 +96,8 @@ def test_training_step_updates_priorities_of_the_mixture():
 
 
 def test_fractions_that_do_not_split_the_batch_say_so():
-    mix = make_mixture(fractions={"offline": 1, "online": 2})
-    with pytest.raises(ValueError, match="not whole numbers.*batch_size"):
+    mix = make_mixture(fractions={"offline": 1 / 3, "online": 2 / 3})
+    with pytest.raises(ValueError, match="not whole numbers.*batch_size=3"):
         mix.sample(16)
     assert mix.sample(15)["source"].tolist().count(1) == 10
 
