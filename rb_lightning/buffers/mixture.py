@@ -45,7 +45,6 @@ Examples:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,104 +53,15 @@ from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
 from rb_lightning import torchrl_compat
+from rb_lightning.buffers.composition import FRACTION_TOLERANCE, Composition
+from rb_lightning.buffers.member_columns import check_alike, not_tensordicts, schema
 from rb_lightning.buffers.priorities import current_max_priority, in_sampler_dtype
-from rb_lightning.errors import (
-    ArgumentTypeError,
-    BufferCheckpointError,
-    BufferStateError,
-    MissingKeyError,
-    UsageError,
-)
+from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
 SOURCE_KEY = "source"
-#: How far from 1 the fractions may add up, and ``fraction * batch_size`` from a whole
-#: number: the rounding of typed decimals (``0.1 + 0.2``, ``0.3333333``), nothing more.
-FRACTION_TOLERANCE = 1e-6
-#: Batch sizes searched for the smallest one a mixture's fractions split exactly.
-_LARGEST_SUGGESTED_BATCH = 100_000
-
 __all__ = ["FRACTION_TOLERANCE", "SOURCE_KEY", "BufferMixture"]
-
-
-def _typed(given: Mapping[str, float]) -> dict[str, float]:
-    """The values as the user typed them (an int stays an int), as plain Python numbers."""
-    return {
-        str(name): int(value) if isinstance(value, int) and not isinstance(value, bool)
-        else float(value)
-        for name, value in given.items()
-    }  # fmt: skip
-
-
-def _describe(composition: Mapping[str, Any]) -> str:
-    """``fractions={...}`` / ``weights={...}`` as typed; the default in words."""
-    kind, values = next(iter(composition.items()))
-    if values is None:
-        return "equal fractions (neither fractions= nor weights= given)"
-    return f"{kind}={dict(values)!r}"
-
-
-def _normalised(composition: Mapping[str, Any], names: list[str]) -> tuple[str, list[float]]:
-    """``("fractions" | "weights", shares summing to 1)``: what a composition draws."""
-    kind, values = next(iter(composition.items()))
-    if values is None:
-        return "fractions", [1 / len(names)] * len(names)
-    shares = [float(values.get(name, 0.0)) for name in names]
-    total = sum(shares) or 1.0
-    return str(kind), [share / total for share in shares]
-
-
-def _total(values: list[float]) -> str:
-    """A sum as the user would write it (``0.1 + 0.2`` is ``0.3``)."""
-    return f"{math.fsum(values):.12g}"
-
-
-def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}=...) names {unknown}, which are not members; the members "
-            f"are {names}. Give one {what[:-1]} per member name.",
-        )
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}=...) has no value for {missing}. Give one per member "
-            f"({names}), 0 to leave a member out of sampling.",
-        )
-    values = [float(given[name]) for name in names]
-    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0.",
-        )
-    if what == "fractions" and abs(math.fsum(values) - 1) > FRACTION_TOLERANCE:
-        raise UsageError(
-            "fractions",
-            f"BufferMixture(fractions={_typed(given)!r}): the fractions add up to "
-            f"{_total(values)}, not 1. Each fraction is an exact share of every batch (a "
-            "member with fraction f gives f * batch_size items), so together they must be 1: "
-            "give shares that add up to 1, or pass these values as weights="
-            f"{_typed(given)!r} to draw each item's member at random with these relative "
-            "weights.",
-        )
-    return values
-
-
-def _whole_counts(fractions: list[float], batch_size: int) -> list[int] | None:
-    """Items of each member in a batch of ``batch_size``: ``f * batch_size`` rounded, when
-    each is within :data:`FRACTION_TOLERANCE` of a whole number and they add up to
-    ``batch_size``; else ``None``."""
-    exact = [f * batch_size for f in fractions]
-    counts = [round(e) for e in exact]
-    if sum(counts) != batch_size or any(
-        abs(c - e) > FRACTION_TOLERANCE for c, e in zip(counts, exact, strict=True)
-    ):
-        return None
-    return counts
 
 
 class BufferMixture(ReplayBufferEnsemble):
@@ -203,12 +113,6 @@ class BufferMixture(ReplayBufferEnsemble):
                 "BufferMixture(members=...) takes a dict of name -> ReplayBuffer with at least "
                 f"one member, got {members!r}.",
             )
-        if fractions is not None and weights is not None:
-            raise UsageError(
-                "fractions",
-                "BufferMixture takes fractions= (exact shares of every batch) or weights= "
-                "(random per item), not both.",
-            )
         names = [str(name) for name in members]
         buffers = [check_replay_buffer(rb, f"members[{name!r}]") for name, rb in members.items()]
         if len({id(rb) for rb in buffers}) != len(buffers):
@@ -218,22 +122,12 @@ class BufferMixture(ReplayBufferEnsemble):
         self._names = names
         self._members = dict(zip(names, buffers, strict=False))
         self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
-        if weights is None:
-            # As typed: they add up to 1 (checked), so nothing is rescaled.
-            shares = _shares(names, fractions, "fractions") if fractions is not None else None
-            self._fractions: list[float] | None = shares or [1 / len(names)] * len(names)
-            self._weights: list[float] | None = None
-            self._composition: dict[str, Any] = {
-                "fractions": None if fractions is None else _typed(fractions)
-            }
+        self._alike = False  # the members' columns checked, once all hold items
+        self._composition = Composition.of(names, fractions, weights)
+        if self._composition.fixed:
             super().__init__(*buffers, sample_from_all=True)
         else:
-            raw = _shares(names, weights, "weights")
-            total = sum(raw)
-            self._fractions = None
-            self._weights = [w / total for w in raw]
-            self._composition = {"weights": _typed(weights)}
-            super().__init__(*buffers, p=self._weights)
+            super().__init__(*buffers, p=list(self._composition.shares))
 
     # -- members ----------------------------------------------------------------------------
     @property
@@ -257,51 +151,27 @@ class BufferMixture(ReplayBufferEnsemble):
 
     @property
     def fractions(self) -> dict[str, float] | None:
-        """Name -> exact share of every batch (``None`` for a weighted mixture)."""
-        return (
-            None
-            if self._fractions is None
-            else dict(zip(self._names, self._fractions, strict=False))
-        )
+        """Name -> exact share of every batch, as given (``None`` for a weighted mixture)."""
+        c = self._composition
+        return dict(zip(self._names, c.shares, strict=True)) if c.fixed else None
 
     @property
     def weights(self) -> dict[str, float] | None:
         """Name -> probability of each item (``None`` for a mixture with fixed fractions)."""
-        return (
-            None if self._weights is None else dict(zip(self._names, self._weights, strict=False))
-        )
+        c = self._composition
+        return None if c.fixed else dict(zip(self._names, c.shares, strict=True))
 
     @property
     def composition(self) -> dict[str, Any]:
         """The composition as given: ``{"fractions": {...}}``, ``{"weights": {...}}``, or
         ``{"fractions": None}`` for the default equal fractions (what a checkpoint keeps)."""
-        kind, values = next(iter(self._composition.items()))
-        return {kind: None if values is None else dict(values)}
+        return self._composition.to_saved()
 
     def check_resumed_composition(self, saved: Mapping[str, Any] | None) -> None:
-        """Refuse to resume a checkpoint whose mixture drew with another composition.
-
-        ``saved``: the checkpoint's :attr:`composition` (``None``: a checkpoint
-        written before it was saved, which is taken). Weights are compared as the
-        shares they draw (``{1, 3}`` is ``{2, 6}``), the default equal fractions
-        as those fractions.
-        """
-        if saved is None:
-            return
-        saved_kind, saved_shares = _normalised(saved, self._names)
-        kind, shares = _normalised(self._composition, self._names)
-        if saved_kind == kind and all(
-            abs(a - b) <= 1e-9 for a, b in zip(saved_shares, shares, strict=True)
-        ):
-            return
-        raise BufferCheckpointError(
-            f"The checkpoint's BufferMixture of {self._names} was saved with "
-            f"{_describe(saved)}, and the DataModule's mixture is given {_describe(self._composition)}. "
-            "A resumed run continues the saved one (the batches it read ahead and its generator "
-            "are in the checkpoint), so it keeps the shares it was saved with: build the "
-            f"mixture with {_describe(saved)} to resume, or start a new run (no ckpt_path) to "
-            "train with other shares."
-        )
+        """Refuse (:class:`~rb_lightning.errors.BufferCheckpointError`, naming both) a
+        checkpoint's :attr:`composition` that draws other shares than this mixture's;
+        ``None`` (a checkpoint from before it was kept) is taken."""
+        self._composition.check_resumed(saved)
 
     @property
     def prioritized(self) -> bool:
@@ -323,39 +193,24 @@ class BufferMixture(ReplayBufferEnsemble):
     # -- sampling ---------------------------------------------------------------------------
     def counts(self, batch_size: int) -> list[int]:
         """Items of each member in the next batch of ``batch_size`` (draws for weights)."""
-        if self._fractions is not None:
-            counts = _whole_counts(self._fractions, batch_size)
-            if counts is None:
-                raise UsageError("batch_size", self._split_error(batch_size))
-            return counts
-        probabilities = torch.tensor(self._weights, dtype=torch.float)
-        drawn = torch.multinomial(
-            probabilities, batch_size, True, generator=torchrl_compat.buffer_generator(self)
-        )
-        return drawn.bincount(minlength=len(self._names)).tolist()
+        return self._composition.counts(batch_size, torchrl_compat.buffer_generator(self))
 
-    def _split_error(self, batch_size: int) -> str:
-        """Why ``batch_size`` is refused, quoting only what was typed."""
-        given = _describe(self._composition)
-        smallest = next(
-            (
-                size
-                for size in range(1, _LARGEST_SUGGESTED_BATCH + 1)
-                if _whole_counts(self._fractions or [], size) is not None
-            ),
-            None,
-        )
-        fix = (
-            f"Choose a batch_size they split exactly: batch_size={smallest} or a multiple of it"
-            if smallest is not None
-            else "Choose fractions that split your batch_size exactly"
-        )
-        return (
-            f"BufferMixture with {given} and batch_size={batch_size}: every batch holds "
-            "exactly fraction * batch_size items of each member, and for this batch_size "
-            f"some of those are not whole numbers. {fix}, or use weights= to draw each "
-            "item's member at random (the counts then vary per batch)."
-        )
+    def check_members_alike(self) -> None:
+        """Refuse members whose items differ in keys, dtypes or per-item shapes.
+
+        Compares every member that holds items (not only those a batch draws
+        from), reading one item of each, until all members hold items and
+        match; from then on it costs nothing. :meth:`sample` and :meth:`items`
+        call it first: a mismatch is a :class:`~rb_lightning.errors.UsageError`
+        (a :class:`~rb_lightning.errors.MissingKeyError` for keys) naming the
+        key, the members and what each holds, never a silent cast.
+        """
+        if self._alike:
+            return
+        schemas = {name: schema(name, rb) for name, rb in self._members.items() if len(rb) > 0}
+        if len(schemas) > 1:
+            check_alike(schemas)
+        self._alike = len(schemas) == len(self._names)
 
     def sample(  # flat batch; the info is also in its columns
         self, batch_size: int | None = None, return_info: bool = False
@@ -365,6 +220,7 @@ class BufferMixture(ReplayBufferEnsemble):
             batch_size = torchrl_compat.default_batch_size(self)
         if batch_size is None:
             raise UsageError("batch_size", "BufferMixture.sample needs a batch_size.")
+        self.check_members_alike()
         parts = []
         for source, (name, count) in enumerate(
             zip(self._names, self.counts(batch_size), strict=False)
@@ -380,12 +236,7 @@ class BufferMixture(ReplayBufferEnsemble):
                 )
             part, info = rb.sample(count, return_info=True)
             if not isinstance(part, TensorDictBase):
-                raise ArgumentTypeError(
-                    "members",
-                    f"The mixture's member {name!r} returned a {type(part).__name__}; a "
-                    "BufferMixture mixes TensorDict items only (TensorDictReplayBuffer, or a "
-                    "ReplayBuffer over a tensor storage).",
-                )
+                raise not_tensordicts(name, part)
             index = torch.as_tensor(info["index"]).reshape(count)
             part.set("index", index.to(part.device))
             part.set(SOURCE_KEY, torch.full((count,), source, dtype=torch.long, device=part.device))
@@ -419,6 +270,7 @@ class BufferMixture(ReplayBufferEnsemble):
         mixture's content read once (no sampling), e.g. for a snapshot export.
         """
         stop = len(self) if stop is None else min(stop, len(self))
+        self.check_members_alike()
         parts = []
         offset = 0
         for source, rb in enumerate(self._members.values()):
@@ -473,5 +325,4 @@ class BufferMixture(ReplayBufferEnsemble):
             f"{name}={type(rb.sampler).__name__}(len={len(rb)})"
             for name, rb in self._members.items()
         )
-        share = f"fractions={self.fractions}" if self._fractions else f"weights={self.weights}"
-        return f"BufferMixture({parts}; {share})"
+        return f"BufferMixture({parts}; {self._composition.describe()})"
