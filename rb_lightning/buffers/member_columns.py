@@ -32,10 +32,11 @@ from torchrl.data import ReplayBuffer
 
 from rb_lightning.columns import SAMPLER_INFO_KEYS, leaf_keys
 from rb_lightning.errors import ArgumentTypeError, MissingKeyError, UsageError
+from rb_lightning.torchrl_compat import GENERATION_KEY
 
 #: Columns torchrl or the mixture adds to items (a ``TensorDictReplayBuffer`` stores its
 #: sampler's ``"index"`` in each), not the members' own data: not compared.
-BOOKKEEPING_KEYS = frozenset({*SAMPLER_INFO_KEYS, "index_generation", "source"})
+BOOKKEEPING_KEYS = frozenset({*SAMPLER_INFO_KEYS, GENERATION_KEY, "source"})
 
 __all__ = ["BOOKKEEPING_KEYS", "Schema", "check_alike", "not_tensordicts", "schema"]
 

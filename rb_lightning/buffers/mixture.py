@@ -13,7 +13,9 @@ Each member keeps its own storage, sampler and writer (a ``PrioritizedSampler``
 member next to uniform ones is fine). A draw is one flat ``[batch_size]``
 ``TensorDict`` with, per item, ``"source"`` (the member's id, ``int64``),
 ``"index"`` (the item's index in its member) and, when any member is prioritized,
-``"priority_weight"`` (``1.0`` for items of uniform members).
+``"priority_weight"`` (``1.0`` for items of uniform members) and ``"index_generation"``
+(the slot's write stamp at the draw: a priority update for a slot written since is
+dropped and counted, :meth:`BufferMixture.update_member_priority`).
 
 Why the draw is not ``ReplayBufferEnsemble.sample``: in torchrl 0.14.1 it returns
 ``[k, batch_size / k]`` batches, with a nested index, and raises when a
@@ -40,7 +42,7 @@ Examples:
     >>> batch.batch_size, batch["source"].tolist(), mix.names
     (torch.Size([8]), [0, 0, 0, 0, 1, 1, 1, 1], ['offline', 'online'])
     >>> sorted(batch.keys())
-    ['index', 'priority_weight', 'source', 'x']
+    ['index', 'index_generation', 'priority_weight', 'source', 'x']
 """
 
 from __future__ import annotations
@@ -57,11 +59,34 @@ from rb_lightning.buffers.composition import FRACTION_TOLERANCE, Composition
 from rb_lightning.buffers.member_columns import check_alike, not_tensordicts, schema
 from rb_lightning.buffers.priorities import current_max_priority, in_sampler_dtype
 from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
+from rb_lightning.torchrl_compat import GENERATION_KEY
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
 SOURCE_KEY = "source"
-__all__ = ["FRACTION_TOLERANCE", "SOURCE_KEY", "BufferMixture"]
+__all__ = ["FRACTION_TOLERANCE", "GENERATION_KEY", "SOURCE_KEY", "BufferMixture"]
+
+
+def _stamps_at_draw(
+    info: Mapping[str, Any], index: torch.Tensor, position: tuple[int, int, int] | None
+) -> torch.Tensor:
+    """Each drawn slot's write stamp: the writer's generation when it tracks them (torchrl
+    puts it in the info, read with the draw), else the round-robin write number at
+    ``position`` (taken before the draw), else ``-1`` (a writer that cannot tell)."""
+    generation = info.get(GENERATION_KEY)
+    if generation is not None:
+        return torch.as_tensor(generation).reshape(-1).to("cpu", torch.long)
+    if position is not None:
+        return torchrl_compat.slot_stamps(position, index.cpu())
+    return torch.full(index.shape, -1, dtype=torch.long)
+
+
+def _stamps_now(rb: ReplayBuffer, index: torch.Tensor) -> torch.Tensor | None:
+    """The slots' stamps now, as :func:`_stamps_at_draw` took them; ``None``: cannot tell."""
+    if rb.writer.tracks_generations:
+        return torch.as_tensor(rb.writer.generations_of(index)).cpu()
+    position = torchrl_compat.ring_position(rb)
+    return None if position is None else torchrl_compat.slot_stamps(position, index.cpu())
 
 
 class BufferMixture(ReplayBufferEnsemble):
@@ -123,6 +148,7 @@ class BufferMixture(ReplayBufferEnsemble):
         self._members = dict(zip(names, buffers, strict=False))
         self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
         self._alike = False  # the members' columns checked, once all hold items
+        self._dropped = dict.fromkeys(names, 0)
         self._composition = Composition.of(names, fractions, weights)
         if self._composition.fixed:
             super().__init__(*buffers, sample_from_all=True)
@@ -234,6 +260,9 @@ class BufferMixture(ReplayBufferEnsemble):
                     f"{count} items. Fill it first (a source, or a collector's warm-up: "
                     "OnlineCollector(member=..., init_random_frames=N))."
                 )
+            # Where the writer is before the draw: a write after it changes the stamps
+            # of the slots it takes, so their priority updates are dropped.
+            position = torchrl_compat.ring_position(rb) if self._prioritized[source] else None
             part, info = rb.sample(count, return_info=True)
             if not isinstance(part, TensorDictBase):
                 raise not_tensordicts(name, part)
@@ -246,6 +275,10 @@ class BufferMixture(ReplayBufferEnsemble):
                     torch.ones(count) if weight is None else torch.as_tensor(weight).reshape(count)
                 )
                 part.set("priority_weight", weight.to(part.device, torch.float))
+                stamps = _stamps_at_draw(info, index, position)
+                part.set(GENERATION_KEY, stamps.to(part.device))
+            elif GENERATION_KEY in part.keys():  # a tracking writer's, in one member only
+                del part[GENERATION_KEY]
             parts.append(part)
         keys = [sorted(map(str, p.keys(True, True))) for p in parts]
         if any(k != keys[0] for k in keys[1:]):
@@ -260,6 +293,7 @@ class BufferMixture(ReplayBufferEnsemble):
             info = {"index": batch["index"], SOURCE_KEY: batch[SOURCE_KEY]}
             if self.prioritized:
                 info["priority_weight"] = batch["priority_weight"]
+                info[GENERATION_KEY] = batch[GENERATION_KEY]
             return batch, info
         return batch
 
@@ -287,29 +321,67 @@ class BufferMixture(ReplayBufferEnsemble):
 
     # -- priorities -------------------------------------------------------------------------
     def update_member_priority(
-        self, source: torch.Tensor, index: torch.Tensor, priority: torch.Tensor
-    ) -> None:
-        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``.
+        self,
+        source: torch.Tensor,
+        index: torch.Tensor,
+        priority: torch.Tensor,
+        generation: torch.Tensor | None = None,
+    ) -> int:
+        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return how
+        many updates were dropped because their slot was written since the draw.
 
-        Items of members without a ``PrioritizedSampler`` are skipped.
+        ``generation``: the batch's ``"index_generation"`` (each slot's write stamp
+        at the draw). An item whose slot a writer has filled again since then now
+        holds a newer item, which keeps its priority: that update is dropped and
+        counted (:attr:`dropped_priority_updates`). Without ``generation``, or for a
+        member whose writer is neither round-robin nor tracking generations, every
+        update is applied. Items of members without a ``PrioritizedSampler`` are
+        skipped.
         """
         source = torch.as_tensor(source).reshape(-1)
         index = torch.as_tensor(index).reshape(-1)
         priority = torch.as_tensor(priority).reshape(-1)
-        if not source.shape == index.shape == priority.shape:
+        stamps = None if generation is None else torch.as_tensor(generation).reshape(-1).cpu()
+        if not source.shape == index.shape == priority.shape or (
+            stamps is not None and stamps.shape != source.shape
+        ):
             raise UsageError(
                 "priority",
                 f"source, index and priority must have one value per item, got shapes "
-                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}.",
+                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}"
+                + ("" if stamps is None else f" (index_generation {tuple(stamps.shape)})")
+                + ".",
             )
+        dropped = 0
         for member_id, name in enumerate(self._names):
             if not self._prioritized[member_id]:
                 continue
-            mask = source == member_id
-            if bool(mask.any()):
-                member = self._members[name]
-                member_priority = in_sampler_dtype(priority[mask], member.sampler)
-                member.update_priority(index[mask.to(index.device)], member_priority)
+            mask = (source == member_id).cpu()
+            if not bool(mask.any()):
+                continue
+            member = self._members[name]
+            member_index = index[mask.to(index.device)]
+            member_priority = in_sampler_dtype(priority[mask.to(priority.device)], member.sampler)
+            # Held from the check to the update: no write of another thread lands between.
+            with torchrl_compat.buffer_lock(member):
+                now = None if stamps is None else _stamps_now(member, member_index)
+                if now is not None and stamps is not None:
+                    live = now == stamps[mask]
+                    stale = int((~live).sum())
+                    if stale:
+                        self._dropped[name] += stale
+                        dropped += stale
+                        member_index = member_index[live.to(member_index.device)]
+                        member_priority = member_priority[live.to(member_priority.device)]
+                if member_index.numel():
+                    member.update_priority(member_index, member_priority)
+        return dropped
+
+    @property
+    def dropped_priority_updates(self) -> dict[str, int]:
+        """Name -> priority updates dropped so far because their slot was written between
+        the draw and the update (see :meth:`update_member_priority`)."""
+        return dict(self._dropped)
 
     def max_priority(self) -> float:
         """The largest current max priority over the prioritized members (1.0 if none)."""

@@ -51,7 +51,9 @@ def test_weights_draw_each_item_s_member_at_random():
     assert batch.batch_size == torch.Size([4000])
     share = batch["source"].float().mean().item()
     assert 0.72 < share < 0.78
-    assert set(batch.keys()) == {"id", "obs", "index", "source", "priority_weight"}
+    assert set(batch.keys()) == {
+        "id", "obs", "index", "source", "priority_weight", "index_generation"
+    }  # fmt: skip
     # Items of the uniform member weigh 1; the prioritized member's carry its weights.
     assert (batch["priority_weight"][batch["source"] == 0] == 1).all()
 
