@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
-from torchrl.data import ReplayBuffer
+from torchrl.data import ReplayBuffer, RoundRobinWriter
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -43,8 +43,12 @@ from rb_lightning.errors import PathNotFoundError
 
 __all__ = [
     "DUMPS_MARKER",
+    "GENERATION_KEY",
     "buffer_generator",
     "restart_permutation",
+    "buffer_lock",
+    "ring_position",
+    "slot_stamps",
     "can_share_writes",
     "only_view_attached",
     "stop_sharing_writes",
@@ -371,6 +375,54 @@ def ray_buffer_actor(replay_buffer: Any) -> Any:
     torchrl 0.14.1 has no public accessor; ``RayReplayBufferView`` sets the same name.
     """
     return getattr(replay_buffer, "_rb", None)
+
+
+# -- torchrl 0.14.1: has a slot been written since an item was drawn from it? -------------------
+#: The sample column with each slot's write stamp (torchrl's name, from a writer tracking
+#: generations; a ``BufferMixture`` fills it for round-robin writers too).
+GENERATION_KEY = "index_generation"
+
+
+def ring_position(replay_buffer: ReplayBuffer) -> tuple[int, int, int] | None:
+    """``(write_count, cursor, capacity)`` of a round-robin writer (every torchrl buffer's
+    default), from its ``_write_count`` and ``_cursor``; ``None`` for any other writer.
+
+    Read in that order: ``RoundRobinWriter.extend`` moves the cursor before it
+    counts the write, so a write landing between the two reads makes every stamp
+    of :func:`slot_stamps` differ (an update then dropped), never match.
+    """
+    writer, storage = replay_buffer.writer, replay_buffer.storage
+    capacity = getattr(storage, "max_size", None)
+    if (
+        not isinstance(writer, RoundRobinWriter)
+        or not isinstance(capacity, int)
+        or getattr(storage, "ndim", 1) != 1
+    ):
+        return None
+    written = int(writer._write_count)
+    return written, int(writer._cursor), capacity
+
+
+def slot_stamps(position: tuple[int, int, int], index: torch.Tensor) -> torch.Tensor:
+    """For each slot of ``index``, the number of the write that last filled it, at
+    ``position`` (:func:`ring_position`): the slot ``d`` places behind the cursor was
+    written by write ``write_count - 1 - d``. A later write to the slot changes its
+    stamp, writes to other slots do not (the cursor and the count move together).
+
+    Examples:
+        >>> slot_stamps((10, 2, 4), torch.tensor([0, 1, 2, 3]))  # 10 writes round 4 slots
+        tensor([8, 9, 6, 7])
+    """
+    written, cursor, capacity = position
+    index = torch.as_tensor(index, dtype=torch.long)
+    return written - 1 - torch.remainder(cursor - 1 - index, capacity)
+
+
+def buffer_lock(replay_buffer: ReplayBuffer) -> contextlib.AbstractContextManager[Any]:
+    """The lock ``extend``, ``sample`` and ``update_priority`` hold in this process
+    (``_replay_lock``, re-entrant): no write of another thread lands while it is held."""
+    lock = getattr(replay_buffer, "_replay_lock", None)
+    return contextlib.nullcontext() if lock is None else lock
 
 
 # -- torchrl 0.14: when rb.sample(B, return_info=True) is sampler + storage read -----------------

@@ -46,7 +46,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rb_lightning import torchrl_compat
 from rb_lightning.buffers import priorities
-from rb_lightning.buffers.mixture import SOURCE_KEY, BufferMixture
+from rb_lightning.buffers.mixture import GENERATION_KEY, SOURCE_KEY, BufferMixture
 from rb_lightning.buffers.priorities import InvalidPriority, check_priority, current_max_priority
 from rb_lightning.buffers.registry import registered_handle
 from rb_lightning.buffers.state import (
@@ -456,7 +456,13 @@ class MixtureBuffer(BufferHandle):
             priority, invalid=invalid, replacement=mixture.max_priority, where=where
         )
         replaced = 0 if checked is priority else int((checked != priority).sum())
-        mixture.update_member_priority(batch[SOURCE_KEY].cpu(), batch["index"].cpu(), checked)
+        generation = batch.get(GENERATION_KEY, None)  # slots written since the draw: dropped
+        mixture.update_member_priority(
+            batch[SOURCE_KEY].cpu(),
+            batch["index"].cpu(),
+            checked,
+            None if generation is None else generation.cpu(),
+        )
         return replaced
 
     def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:

@@ -13,7 +13,9 @@ Each member keeps its own storage, sampler and writer (a ``PrioritizedSampler``
 member next to uniform ones is fine). A draw is one flat ``[batch_size]``
 ``TensorDict`` with, per item, ``"source"`` (the member's id, ``int64``),
 ``"index"`` (the item's index in its member) and, when any member is prioritized,
-``"priority_weight"`` (``1.0`` for items of uniform members).
+``"priority_weight"`` (``1.0`` for items of uniform members) and ``"index_generation"``
+(the slot's write stamp at the draw: a priority update for a slot written since is
+dropped and counted, :meth:`BufferMixture.update_member_priority`).
 
 Why the draw is not ``ReplayBufferEnsemble.sample``: in torchrl 0.14.1 it returns
 ``[k, batch_size / k]`` batches, with a nested index, and raises when a
@@ -40,12 +42,11 @@ Examples:
     >>> batch.batch_size, batch["source"].tolist(), mix.names
     (torch.Size([8]), [0, 0, 0, 0, 1, 1, 1, 1], ['offline', 'online'])
     >>> sorted(batch.keys())
-    ['index', 'priority_weight', 'source', 'x']
+    ['index', 'index_generation', 'priority_weight', 'source', 'x']
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,38 +55,38 @@ from tensordict import TensorDictBase
 from torchrl.data import PrioritizedSampler, ReplayBuffer, ReplayBufferEnsemble
 
 from rb_lightning import torchrl_compat
+from rb_lightning.buffers.composition import FRACTION_TOLERANCE, Composition
+from rb_lightning.buffers.member_columns import check_alike, not_tensordicts, schema
 from rb_lightning.buffers.priorities import current_max_priority, in_sampler_dtype
 from rb_lightning.errors import ArgumentTypeError, BufferStateError, MissingKeyError, UsageError
+from rb_lightning.torchrl_compat import GENERATION_KEY
 from rb_lightning.validation import check_replay_buffer
 
 #: The per-item column holding the member's integer id (its position in ``names``).
 SOURCE_KEY = "source"
+__all__ = ["FRACTION_TOLERANCE", "GENERATION_KEY", "SOURCE_KEY", "BufferMixture"]
 
-__all__ = ["SOURCE_KEY", "BufferMixture"]
+
+def _stamps_at_draw(
+    info: Mapping[str, Any], index: torch.Tensor, position: tuple[int, int, int] | None
+) -> torch.Tensor:
+    """Each drawn slot's write stamp: the writer's generation when it tracks them (torchrl
+    puts it in the info, read with the draw), else the round-robin write number at
+    ``position`` (taken before the draw), else ``-1`` (a writer that cannot tell)."""
+    generation = info.get(GENERATION_KEY)
+    if generation is not None:
+        return torch.as_tensor(generation).reshape(-1).to("cpu", torch.long)
+    if position is not None:
+        return torchrl_compat.slot_stamps(position, index.cpu())
+    return torch.full(index.shape, -1, dtype=torch.long)
 
 
-def _shares(names: list[str], given: Mapping[str, float], what: str) -> list[float]:
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}=...) names {unknown}, which are not members; the members "
-            f"are {names}. Give one {what[:-1]} per member name.",
-        )
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}=...) has no value for {missing}. Give one per member "
-            f"({names}), 0 to leave a member out of sampling.",
-        )
-    values = [float(given[name]) for name in names]
-    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise UsageError(
-            what,
-            f"BufferMixture({what}={dict(given)!r}): values must be finite, >= 0 and not all 0.",
-        )
-    return values
+def _stamps_now(rb: ReplayBuffer, index: torch.Tensor) -> torch.Tensor | None:
+    """The slots' stamps now, as :func:`_stamps_at_draw` took them; ``None``: cannot tell."""
+    if rb.writer.tracks_generations:
+        return torch.as_tensor(rb.writer.generations_of(index)).cpu()
+    position = torchrl_compat.ring_position(rb)
+    return None if position is None else torchrl_compat.slot_stamps(position, index.cpu())
 
 
 class BufferMixture(ReplayBufferEnsemble):
@@ -98,8 +99,9 @@ class BufferMixture(ReplayBufferEnsemble):
 
     Keyword Args:
         fractions: Name -> share of every batch, exactly: a member with fraction
-            ``f`` gives ``f * batch_size`` items of each batch, which must be a
-            whole number. Normalised to sum to 1.
+            ``f`` gives ``f * batch_size`` items of each batch. The fractions must
+            add up to 1, and each ``f * batch_size`` must be a whole number (both
+            to within :data:`FRACTION_TOLERANCE`); anything else is refused.
         weights: Name -> relative weight: each item of a batch comes from a
             member drawn at random with these weights (the counts per batch vary).
             With neither ``fractions`` nor ``weights``: equal fractions.
@@ -136,12 +138,6 @@ class BufferMixture(ReplayBufferEnsemble):
                 "BufferMixture(members=...) takes a dict of name -> ReplayBuffer with at least "
                 f"one member, got {members!r}.",
             )
-        if fractions is not None and weights is not None:
-            raise UsageError(
-                "fractions",
-                "BufferMixture takes fractions= (exact shares of every batch) or weights= "
-                "(random per item), not both.",
-            )
         names = [str(name) for name in members]
         buffers = [check_replay_buffer(rb, f"members[{name!r}]") for name, rb in members.items()]
         if len({id(rb) for rb in buffers}) != len(buffers):
@@ -151,19 +147,13 @@ class BufferMixture(ReplayBufferEnsemble):
         self._names = names
         self._members = dict(zip(names, buffers, strict=False))
         self._prioritized = [isinstance(rb.sampler, PrioritizedSampler) for rb in buffers]
-        if weights is None:
-            shares = _shares(names, fractions, "fractions") if fractions is not None else None
-            share_list = shares or [1.0] * len(names)
-            total = sum(share_list)
-            self._fractions: list[float] | None = [s / total for s in share_list]
-            self._weights: list[float] | None = None
+        self._alike = False  # the members' columns checked, once all hold items
+        self._dropped = dict.fromkeys(names, 0)
+        self._composition = Composition.of(names, fractions, weights)
+        if self._composition.fixed:
             super().__init__(*buffers, sample_from_all=True)
         else:
-            raw = _shares(names, weights, "weights")
-            total = sum(raw)
-            self._fractions = None
-            self._weights = [w / total for w in raw]
-            super().__init__(*buffers, p=self._weights)
+            super().__init__(*buffers, p=list(self._composition.shares))
 
     # -- members ----------------------------------------------------------------------------
     @property
@@ -187,19 +177,27 @@ class BufferMixture(ReplayBufferEnsemble):
 
     @property
     def fractions(self) -> dict[str, float] | None:
-        """Name -> exact share of every batch (``None`` for a weighted mixture)."""
-        return (
-            None
-            if self._fractions is None
-            else dict(zip(self._names, self._fractions, strict=False))
-        )
+        """Name -> exact share of every batch, as given (``None`` for a weighted mixture)."""
+        c = self._composition
+        return dict(zip(self._names, c.shares, strict=True)) if c.fixed else None
 
     @property
     def weights(self) -> dict[str, float] | None:
         """Name -> probability of each item (``None`` for a mixture with fixed fractions)."""
-        return (
-            None if self._weights is None else dict(zip(self._names, self._weights, strict=False))
-        )
+        c = self._composition
+        return None if c.fixed else dict(zip(self._names, c.shares, strict=True))
+
+    @property
+    def composition(self) -> dict[str, Any]:
+        """The composition as given: ``{"fractions": {...}}``, ``{"weights": {...}}``, or
+        ``{"fractions": None}`` for the default equal fractions (what a checkpoint keeps)."""
+        return self._composition.to_saved()
+
+    def check_resumed_composition(self, saved: Mapping[str, Any] | None) -> None:
+        """Refuse (:class:`~rb_lightning.errors.BufferCheckpointError`, naming both) a
+        checkpoint's :attr:`composition` that draws other shares than this mixture's;
+        ``None`` (a checkpoint from before it was kept) is taken."""
+        self._composition.check_resumed(saved)
 
     @property
     def prioritized(self) -> bool:
@@ -221,23 +219,24 @@ class BufferMixture(ReplayBufferEnsemble):
     # -- sampling ---------------------------------------------------------------------------
     def counts(self, batch_size: int) -> list[int]:
         """Items of each member in the next batch of ``batch_size`` (draws for weights)."""
-        if self._fractions is not None:
-            exact = [f * batch_size for f in self._fractions]
-            counts = [round(c) for c in exact]
-            if any(abs(c - e) > 1e-6 for c, e in zip(counts, exact, strict=False)):
-                raise UsageError(
-                    "batch_size",
-                    f"BufferMixture(fractions={self.fractions}) with batch_size={batch_size} "
-                    f"gives {exact} items per member, not whole numbers. Choose a batch_size "
-                    "that every fraction divides into whole items (e.g. a multiple of 2 for "
-                    "50/50), or use weights= for random shares.",
-                )
-            return counts
-        probabilities = torch.tensor(self._weights, dtype=torch.float)
-        drawn = torch.multinomial(
-            probabilities, batch_size, True, generator=torchrl_compat.buffer_generator(self)
-        )
-        return drawn.bincount(minlength=len(self._names)).tolist()
+        return self._composition.counts(batch_size, torchrl_compat.buffer_generator(self))
+
+    def check_members_alike(self) -> None:
+        """Refuse members whose items differ in keys, dtypes or per-item shapes.
+
+        Compares every member that holds items (not only those a batch draws
+        from), reading one item of each, until all members hold items and
+        match; from then on it costs nothing. :meth:`sample` and :meth:`items`
+        call it first: a mismatch is a :class:`~rb_lightning.errors.UsageError`
+        (a :class:`~rb_lightning.errors.MissingKeyError` for keys) naming the
+        key, the members and what each holds, never a silent cast.
+        """
+        if self._alike:
+            return
+        schemas = {name: schema(name, rb) for name, rb in self._members.items() if len(rb) > 0}
+        if len(schemas) > 1:
+            check_alike(schemas)
+        self._alike = len(schemas) == len(self._names)
 
     def sample(  # flat batch; the info is also in its columns
         self, batch_size: int | None = None, return_info: bool = False
@@ -247,6 +246,7 @@ class BufferMixture(ReplayBufferEnsemble):
             batch_size = torchrl_compat.default_batch_size(self)
         if batch_size is None:
             raise UsageError("batch_size", "BufferMixture.sample needs a batch_size.")
+        self.check_members_alike()
         parts = []
         for source, (name, count) in enumerate(
             zip(self._names, self.counts(batch_size), strict=False)
@@ -260,14 +260,12 @@ class BufferMixture(ReplayBufferEnsemble):
                     f"{count} items. Fill it first (a source, or a collector's warm-up: "
                     "OnlineCollector(member=..., init_random_frames=N))."
                 )
+            # Where the writer is before the draw: a write after it changes the stamps
+            # of the slots it takes, so their priority updates are dropped.
+            position = torchrl_compat.ring_position(rb) if self._prioritized[source] else None
             part, info = rb.sample(count, return_info=True)
             if not isinstance(part, TensorDictBase):
-                raise ArgumentTypeError(
-                    "members",
-                    f"The mixture's member {name!r} returned a {type(part).__name__}; a "
-                    "BufferMixture mixes TensorDict items only (TensorDictReplayBuffer, or a "
-                    "ReplayBuffer over a tensor storage).",
-                )
+                raise not_tensordicts(name, part)
             index = torch.as_tensor(info["index"]).reshape(count)
             part.set("index", index.to(part.device))
             part.set(SOURCE_KEY, torch.full((count,), source, dtype=torch.long, device=part.device))
@@ -277,6 +275,10 @@ class BufferMixture(ReplayBufferEnsemble):
                     torch.ones(count) if weight is None else torch.as_tensor(weight).reshape(count)
                 )
                 part.set("priority_weight", weight.to(part.device, torch.float))
+                stamps = _stamps_at_draw(info, index, position)
+                part.set(GENERATION_KEY, stamps.to(part.device))
+            elif GENERATION_KEY in part.keys():  # a tracking writer's, in one member only
+                del part[GENERATION_KEY]
             parts.append(part)
         keys = [sorted(map(str, p.keys(True, True))) for p in parts]
         if any(k != keys[0] for k in keys[1:]):
@@ -291,6 +293,7 @@ class BufferMixture(ReplayBufferEnsemble):
             info = {"index": batch["index"], SOURCE_KEY: batch[SOURCE_KEY]}
             if self.prioritized:
                 info["priority_weight"] = batch["priority_weight"]
+                info[GENERATION_KEY] = batch[GENERATION_KEY]
             return batch, info
         return batch
 
@@ -301,6 +304,7 @@ class BufferMixture(ReplayBufferEnsemble):
         mixture's content read once (no sampling), e.g. for a snapshot export.
         """
         stop = len(self) if stop is None else min(stop, len(self))
+        self.check_members_alike()
         parts = []
         offset = 0
         for source, rb in enumerate(self._members.values()):
@@ -317,29 +321,67 @@ class BufferMixture(ReplayBufferEnsemble):
 
     # -- priorities -------------------------------------------------------------------------
     def update_member_priority(
-        self, source: torch.Tensor, index: torch.Tensor, priority: torch.Tensor
-    ) -> None:
-        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``.
+        self,
+        source: torch.Tensor,
+        index: torch.Tensor,
+        priority: torch.Tensor,
+        generation: torch.Tensor | None = None,
+    ) -> int:
+        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return how
+        many updates were dropped because their slot was written since the draw.
 
-        Items of members without a ``PrioritizedSampler`` are skipped.
+        ``generation``: the batch's ``"index_generation"`` (each slot's write stamp
+        at the draw). An item whose slot a writer has filled again since then now
+        holds a newer item, which keeps its priority: that update is dropped and
+        counted (:attr:`dropped_priority_updates`). Without ``generation``, or for a
+        member whose writer is neither round-robin nor tracking generations, every
+        update is applied. Items of members without a ``PrioritizedSampler`` are
+        skipped.
         """
         source = torch.as_tensor(source).reshape(-1)
         index = torch.as_tensor(index).reshape(-1)
         priority = torch.as_tensor(priority).reshape(-1)
-        if not source.shape == index.shape == priority.shape:
+        stamps = None if generation is None else torch.as_tensor(generation).reshape(-1).cpu()
+        if not source.shape == index.shape == priority.shape or (
+            stamps is not None and stamps.shape != source.shape
+        ):
             raise UsageError(
                 "priority",
                 f"source, index and priority must have one value per item, got shapes "
-                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}.",
+                f"{tuple(source.shape)}, {tuple(index.shape)}, {tuple(priority.shape)}"
+                + ("" if stamps is None else f" (index_generation {tuple(stamps.shape)})")
+                + ".",
             )
+        dropped = 0
         for member_id, name in enumerate(self._names):
             if not self._prioritized[member_id]:
                 continue
-            mask = source == member_id
-            if bool(mask.any()):
-                member = self._members[name]
-                member_priority = in_sampler_dtype(priority[mask], member.sampler)
-                member.update_priority(index[mask.to(index.device)], member_priority)
+            mask = (source == member_id).cpu()
+            if not bool(mask.any()):
+                continue
+            member = self._members[name]
+            member_index = index[mask.to(index.device)]
+            member_priority = in_sampler_dtype(priority[mask.to(priority.device)], member.sampler)
+            # Held from the check to the update: no write of another thread lands between.
+            with torchrl_compat.buffer_lock(member):
+                now = None if stamps is None else _stamps_now(member, member_index)
+                if now is not None and stamps is not None:
+                    live = now == stamps[mask]
+                    stale = int((~live).sum())
+                    if stale:
+                        self._dropped[name] += stale
+                        dropped += stale
+                        member_index = member_index[live.to(member_index.device)]
+                        member_priority = member_priority[live.to(member_priority.device)]
+                if member_index.numel():
+                    member.update_priority(member_index, member_priority)
+        return dropped
+
+    @property
+    def dropped_priority_updates(self) -> dict[str, int]:
+        """Name -> priority updates dropped so far because their slot was written between
+        the draw and the update (see :meth:`update_member_priority`)."""
+        return dict(self._dropped)
 
     def max_priority(self) -> float:
         """The largest current max priority over the prioritized members (1.0 if none)."""
@@ -355,5 +397,4 @@ class BufferMixture(ReplayBufferEnsemble):
             f"{name}={type(rb.sampler).__name__}(len={len(rb)})"
             for name, rb in self._members.items()
         )
-        share = f"fractions={self.fractions}" if self._fractions else f"weights={self.weights}"
-        return f"BufferMixture({parts}; {share})"
+        return f"BufferMixture({parts}; {self._composition.describe()})"

@@ -124,7 +124,9 @@ def mixture_state(
             inline_max_bytes=inline_max_bytes,
             pending_batches=pending_batches if number == 0 else (),
         )
-    return mixture_record(members, None if generator is None else generator.get_state())
+    return mixture_record(
+        members, None if generator is None else generator.get_state(), mixture.composition
+    )
 
 
 def restore_mixture_state(
@@ -138,7 +140,9 @@ def restore_mixture_state(
 
     Every member's dump is verified (``verify``, see
     :func:`~rb_lightning.checkpoint.read_manifest`) before any member is
-    loaded, so a damaged member leaves the whole mixture as it was.
+    loaded, so a damaged member leaves the whole mixture as it was; so is the
+    composition (a mixture given other fractions or weights than the saved one's
+    is refused, naming both).
     """
     record = BufferRecord.of(record)
     if not record.is_mixture:
@@ -153,6 +157,7 @@ def restore_mixture_state(
             f"mixture has members {mixture.names}. Resume with the same member names, in the "
             "same order (their order gives the source ids)."
         )
+    mixture.check_resumed_composition(record.composition)
     pending: list[TensorDictBase] = []
     with record_dumps(record, checkpoint_path) as roots:
         for root in roots.values():

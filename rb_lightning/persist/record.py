@@ -87,6 +87,8 @@ class BufferRecord:
         world_size: ``ranks``: how many DDP ranks saved a dump each.
         members: ``mixture``: one record per member, in source-id order.
         generator: ``mixture``: the state of the generator every member samples with.
+        composition: ``mixture``: its fractions or weights as given
+            (``BufferMixture.composition``); ``None`` in checkpoints written before.
         resolved: Beside kinds, once read from a file: the dump's directory.
     """
 
@@ -99,6 +101,7 @@ class BufferRecord:
     world_size: int = 1
     members: dict[str, BufferRecord] = field(default_factory=dict)
     generator: torch.Tensor | None = None
+    composition: dict[str, Any] | None = None
     resolved: str | None = None
 
     def __eq__(self, other: object) -> bool:
@@ -176,6 +179,8 @@ class BufferRecord:
         if self.kind == "mixture":
             saved["members"] = {name: m.to_dict() for name, m in self.members.items()}
             saved["generator"] = self.generator
+            if self.composition is not None:
+                saved["composition"] = self.composition
             return saved
         if self.kind == "elsewhere":
             return saved
@@ -227,6 +232,7 @@ class BufferRecord:
             world_size=int(saved.get("world_size", 1)),
             members=members,
             generator=saved.get("generator"),
+            composition=saved.get("composition"),
             resolved=saved.get("resolved"),
         )
 
@@ -270,19 +276,27 @@ def _in_record_form(saved: Mapping[str, Any]) -> dict[str, Any]:
     return {**saved, "record": 1, "kind": kind}
 
 
-def mixture_record(members: Mapping[str, Any], generator: torch.Tensor | None) -> dict[str, Any]:
+def mixture_record(
+    members: Mapping[str, Any],
+    generator: torch.Tensor | None,
+    composition: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The record of a mixture as the checkpoint stores it, in source-id order.
 
     ``members``: each member's stored record; at save time a member too large for
     the ``.ckpt`` is still a dump request, which ``BufferCheckpointIO`` replaces
-    by its record in place.
+    by its record in place. ``composition``: the mixture's fractions or weights as
+    given, which a resume must match.
     """
-    return {
+    saved: dict[str, Any] = {
         "record": RECORD_VERSION,
         "kind": "mixture",
         "members": dict(members),
         "generator": generator,
     }
+    if composition is not None:
+        saved["composition"] = dict(composition)
+    return saved
 
 
 def _comparable(value: Any) -> Any:
@@ -316,7 +330,7 @@ def find_record(checkpoint: Any) -> BufferRecord | None:
 
     Examples:
         >>> find_record({"ReplayBufferDataModule": {"buffer": {"record": 1, "kind": "elsewhere"}}})
-        BufferRecord(kind='elsewhere', len=0, write_count=0, archive=None, dir=None, version=None, world_size=1, members={}, generator=None, resolved=None)
+        BufferRecord(kind='elsewhere', len=0, write_count=0, archive=None, dir=None, version=None, world_size=1, members={}, generator=None, composition=None, resolved=None)
         >>> find_record({"state_dict": {}}) is None
         True
     """

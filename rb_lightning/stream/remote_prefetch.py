@@ -63,7 +63,7 @@ from tensordict import TensorDictBase
 
 from rb_lightning.buffers.priorities import InvalidPriority, check_priority, current_max_priority
 from rb_lightning.errors import BufferStateError
-from rb_lightning.torchrl_compat import ray_buffer_actor
+from rb_lightning.torchrl_compat import GENERATION_KEY, ray_buffer_actor
 from rb_lightning.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,6 @@ logger = logging.getLogger(__name__)
 #: (measured: benchmarks/scale.py, docs/scaling.md).
 DEFAULT_REQUESTS_IN_FLIGHT = 4
 DEFAULT_BATCHES_PER_REQUEST = 4
-#: The sample column with each slot's generation (torchrl's name, from a tracking writer).
-GENERATION_KEY = "index_generation"
 #: Priority updates sent but not yet confirmed, past which the next update waits for the oldest.
 MAX_UNCONFIRMED_UPDATES = 64
 

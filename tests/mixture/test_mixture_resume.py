@@ -37,8 +37,10 @@ class Learner(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _fit(root: Path, steps: int, *, filled: bool, ckpt_path=None, **dm):
-    mix = make_mixture(offline=60 if filled else 0, online=40 if filled else 0, seed=0)
+def _fit(root: Path, steps: int, *, filled: bool, ckpt_path=None, composition=None, **dm):
+    mix = make_mixture(
+        offline=60 if filled else 0, online=40 if filled else 0, seed=0, **(composition or {})
+    )
     datamodule = ReplayBufferDataModule(mix, batch_size=8, num_batches=5, **dm)
     model = Learner()
     checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=N)
@@ -78,3 +80,53 @@ def test_resume_into_other_member_names_says_so(tmp_path):
     trainer = quiet_trainer(max_steps=2 * N, num_sanity_val_steps=0)
     with pytest.raises(BufferCheckpointError, match="same member names"):
         trainer.fit(Learner(), datamodule=dm, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+
+
+@pytest.mark.parametrize(
+    ("saved", "given", "quoted"),
+    [
+        (
+            {"fractions": {"offline": 0.5, "online": 0.5}},
+            {"fractions": {"offline": 0.25, "online": 0.75}},
+            [
+                "fractions={'offline': 0.5, 'online': 0.5}",
+                "fractions={'offline': 0.25, 'online': 0.75}",
+            ],
+        ),
+        (
+            {"fractions": {"offline": 0.5, "online": 0.5}},
+            {"weights": {"offline": 1, "online": 1}},
+            ["fractions={'offline': 0.5, 'online': 0.5}", "weights={'offline': 1, 'online': 1}"],
+        ),
+        (
+            {"weights": {"offline": 1, "online": 3}},
+            {"weights": {"offline": 1, "online": 2}},
+            ["weights={'offline': 1, 'online': 3}", "weights={'offline': 1, 'online': 2}"],
+        ),
+        (
+            {"fractions": None},  # neither: equal fractions
+            {"fractions": {"offline": 0.75, "online": 0.25}},
+            ["equal fractions", "fractions={'offline': 0.75, 'online': 0.25}"],
+        ),
+    ],
+    ids=["fractions", "fractions-to-weights", "weights", "default-to-fractions"],
+)
+def test_resume_with_another_composition_names_the_saved_and_the_given(
+    tmp_path, saved, given, quoted
+):
+    _fit(tmp_path, N, filled=True, composition=saved)
+    with pytest.raises(BufferCheckpointError) as err:
+        _fit(tmp_path, 2 * N, filled=False, ckpt_path="last", composition=given)
+    message = str(err.value)
+    assert all(text in message for text in quoted), message
+    assert "saved" in message and "\n" not in message
+
+
+def test_resume_with_the_same_shares_written_alike_is_taken(tmp_path):
+    # Weights are relative: {1, 3} and {2, 6} draw alike; so do the default and equal fractions.
+    _fit(tmp_path / "w", N, filled=True, composition={"weights": {"offline": 1, "online": 3}})
+    _fit(tmp_path / "w", N + 1, filled=False, ckpt_path="last",
+         composition={"weights": {"offline": 2, "online": 6}})  # fmt: skip
+    _fit(tmp_path / "f", N, filled=True)
+    _fit(tmp_path / "f", N + 1, filled=False, ckpt_path="last",
+         composition={"fractions": {"offline": 0.5, "online": 0.5}})  # fmt: skip

@@ -51,7 +51,9 @@ def test_weights_draw_each_item_s_member_at_random():
     assert batch.batch_size == torch.Size([4000])
     share = batch["source"].float().mean().item()
     assert 0.72 < share < 0.78
-    assert set(batch.keys()) == {"id", "obs", "index", "source", "priority_weight"}
+    assert set(batch.keys()) == {
+        "id", "obs", "index", "source", "priority_weight", "index_generation"
+    }  # fmt: skip
     # Items of the uniform member weigh 1; the prioritized member's carry its weights.
     assert (batch["priority_weight"][batch["source"] == 0] == 1).all()
 
@@ -96,8 +98,8 @@ def test_training_step_updates_priorities_of_the_mixture():
 
 
 def test_fractions_that_do_not_split_the_batch_say_so():
-    mix = make_mixture(fractions={"offline": 1, "online": 2})
-    with pytest.raises(ValueError, match="not whole numbers.*batch_size"):
+    mix = make_mixture(fractions={"offline": 1 / 3, "online": 2 / 3})
+    with pytest.raises(ValueError, match="not whole numbers.*batch_size=3"):
         mix.sample(16)
     assert mix.sample(15)["source"].tolist().count(1) == 10
 
