@@ -7,7 +7,8 @@ Not imported by ``import rb_lightning``: environments come from gymnasium
 from rb_lightning.rl.collector import OnlineCollector
 from rb_lightning.rl.dqn import DQN
 from rb_lightning.rl.evaluation import EvaluatesEpisodes, Evaluation
+from rb_lightning.rl.goal import StopAtGoal
 from rb_lightning.rl.sac import SAC
 from rb_lightning.rl.threads import TorchThreads
 
-__all__ = ["DQN", "SAC", "EvaluatesEpisodes", "Evaluation", "OnlineCollector", "TorchThreads"]
+__all__ = ["DQN", "SAC", "EvaluatesEpisodes", "Evaluation", "OnlineCollector", "StopAtGoal", "TorchThreads"]

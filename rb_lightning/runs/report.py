@@ -156,6 +156,9 @@ def _warn_never_logged(curves: list[str], trainer: Trainer, metrics_file: Path) 
 
 def _stop_reason(trainer: Trainer) -> str:
     for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
+        reason = getattr(callback, "stop_reason", None)  # a callback that says why it stopped
+        if isinstance(reason, str):
+            return reason
         if isinstance(callback, EarlyStopping) and (
             callback.stopping_reason != EarlyStoppingReason.NOT_STOPPED
         ):

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.callbacks import EarlyStopping
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, PrioritizedSampler, RandomSampler
 
-from rb_lightning.rl import DQN, SAC, OnlineCollector
+from rb_lightning.rl import DQN, SAC, OnlineCollector, StopAtGoal
 from rb_lightning.runs.cli import main
 
 pytest.importorskip("gymnasium")
@@ -48,9 +47,9 @@ def test_cartpole_dqn_config(tmp_path):
     # A 1,000-item buffer, like the template's: the warm-up alone fills it.
     assert len(rb) == min(collector.frames, rb.storage.max_size) == 1000
     assert trainer.progress_bar_metrics["episode_return"] == pytest.approx(collector.mean_return)
-    # The default run stops itself once the goal is reached.
-    (stopper,) = [cb for cb in trainer.callbacks if isinstance(cb, EarlyStopping)]
-    assert (stopper.monitor, stopper.stopping_threshold) == ("episode_return", 475.0)
+    # The default run stops itself once the greedy policy reaches the goal.
+    (stopper,) = [cb for cb in trainer.callbacks if isinstance(cb, StopAtGoal)]
+    assert (stopper.monitor, stopper.threshold) == ("episode_return", 475.0)
 
 
 def test_pendulum_sac_config(tmp_path):
