@@ -40,7 +40,7 @@ def _config(tmp_path: Path) -> Path:
         if callback["class_path"].endswith("OnlineCollector"):
             args.update(init_random_frames=256, num_envs=4)
     trainer["callbacks"] = [
-        c for c in trainer["callbacks"] if not c["class_path"].endswith("EarlyStopping")
+        c for c in trainer["callbacks"] if not c["class_path"].endswith("StopAtGoal")
     ]
     path = tmp_path / "cartpole_dqn.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
