@@ -290,3 +290,14 @@ def test_strings_in_nontensorstack_columns():
 def test_keys_all_missing_raises(tensor_rb):
     with pytest.raises(KeyError, match=r"None of keys=\['nope'\].*keys=None"):
         next(iter(ReplayBufferDataset(tensor_rb, 4, keys=["nope"])))
+
+
+def test_a_batch_larger_than_the_buffer_is_said_once(caplog):
+    # A sampler with replacement draws 64 items from 10 without complaint; the user hears it.
+    rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
+    with caplog.at_level("WARNING", logger="rb_lightning.stream.sampling"):
+        batches = list(batch_loader(ReplayBufferBatchDataset(rb, 64, num_batches=3)))
+    assert [len(b) for b in batches] == [64, 64, 64]
+    said = [r.getMessage() for r in caplog.records if "larger than the 10 items" in r.getMessage()]
+    assert len(said) == 1 and "batch_size=64" in said[0] and "min_size=64" in said[0]

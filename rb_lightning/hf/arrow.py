@@ -142,7 +142,15 @@ def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None
         raise empty_buffer_error()
     probe = read_items(replay_buffer, 0, min(size, PROBE_SIZE))
     if keys is None:
-        selected = [k for k in leaf_keys(probe) if k not in BOOKKEEPING_KEYS]
+        stored = leaf_keys(probe)
+        selected = [k for k in stored if k not in BOOKKEEPING_KEYS]
+        left_out = [str(k) for k in stored if k in BOOKKEEPING_KEYS]
+        if left_out:  # said once per export: a column that disappears without a word is a bug
+            logger.warning(
+                "to_hf_dataset leaves out %s (torchrl's bookkeeping, stored by the buffer); "
+                "pass keys=[...] naming them to export them too.",
+                ", ".join(left_out),
+            )
     else:
         selected = list(keys)
     check_unique_names(selected)

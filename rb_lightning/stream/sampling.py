@@ -28,6 +28,7 @@ Examples:
 
 from __future__ import annotations
 
+import logging
 import numbers
 import time
 from collections import deque
@@ -57,6 +58,8 @@ from rb_lightning.stream.remote_prefetch import (
 )
 from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
 from rb_lightning.validation import check_positive_int, check_replay_buffer
+
+logger = logging.getLogger(__name__)
 
 
 class BufferStream:
@@ -124,6 +127,7 @@ class BufferStream:
         self._info_overwrites: bool = False
         #: Batches drawn so far by this copy of the stream.
         self.batches_drawn: int = 0
+        self._warned_small = False  # the batch-larger-than-buffer line is said once
         #: Gates each draw on the replay ratio (a ``SamplesPerInsert``); ``None``: no gate.
         self.rate_limiter: SamplesPerInsert | None = None
         #: The learner's policy version, handed to version-gated samplers before each draw.
@@ -289,6 +293,17 @@ class BufferStream:
                 )
             time.sleep(0.01)
         sampler = getattr(rb, "sampler", None)
+        if len(rb) < self._batch_size and self._min_size is None and not self._warned_small:
+            # Legal (a sampler with replacement repeats items), but rarely meant: say it once.
+            self._warned_small = True
+            logger.warning(
+                "batch_size=%d is larger than the %d items the replay buffer holds: each batch "
+                "repeats items. Pass min_size=%d to wait until it holds a batch's worth, or "
+                "lower batch_size.",
+                self._batch_size,
+                len(rb),
+                self._batch_size,
+            )
         if getattr(sampler, "drop_last", False) and len(rb) < self._batch_size:
             raise BufferStateError(
                 f"The sampler draws without replacement with drop_last=True, but the buffer "

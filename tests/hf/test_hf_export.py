@@ -10,7 +10,7 @@ import torch
 from rb_testdata import make_transitions
 from tensordict import NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
-from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
+from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer, TensorDictReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule, ReplayBufferDataset
 from rb_lightning.hf import from_hf_dataset, infer_features, to_hf_dataset
@@ -276,3 +276,18 @@ def test_identical_stream_refusals_name_the_argument_and_the_fix(tensor_rb):
         to_hf_dataset(rb)
     assert err.value.argument == "ranks"
     assert len(list(to_hf_dataset(rb, ranks="per_rank", num_batches=2, batch_size=2))) == 4
+
+
+def test_bookkeeping_left_out_of_an_export_is_named(caplog):
+    # A TensorDictReplayBuffer stores "index" with every item; the export leaves it out and
+    # says so (the export command says it in its summary).
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(8))
+    rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+    with caplog.at_level("WARNING", logger="rb_lightning.hf.arrow"):
+        dataset = to_hf_dataset(rb, streaming=False)
+    assert dataset.column_names == ["x"]
+    assert any("leaves out index" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rb_lightning.hf.arrow"):
+        assert to_hf_dataset(rb, streaming=False, keys=["x", "index"]).column_names == ["x", "index"]
+    assert not caplog.records
