@@ -127,7 +127,7 @@ class BufferStream:
         self._info_overwrites: bool = False
         #: Batches drawn so far by this copy of the stream.
         self.batches_drawn: int = 0
-        self._warned_small = False  # the batch-larger-than-buffer line is said once
+        self._warned_small: bool = False  # the batch-larger-than-buffer line is said once
         #: Gates each draw on the replay ratio (a ``SamplesPerInsert``); ``None``: no gate.
         self.rate_limiter: SamplesPerInsert | None = None
         #: The learner's policy version, handed to version-gated samplers before each draw.
