@@ -128,7 +128,8 @@ class AsyncGRPOModule(GRPOModule):
             else off_policy_correction,
             **kwargs,
         )
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["task"])
+        self.hparams["config"] = self.model.config.to_dict()  # as GRPOModule: no pickled objects
         self._correction_setting = off_policy_correction
         self.weight_sync_every = weight_sync_every
         self.start_method = start_method
@@ -240,7 +241,7 @@ class AsyncGRPOModule(GRPOModule):
 
     def _worker_kwargs(self) -> dict[str, Any]:
         names = (
-            "num_generations", "max_new_tokens", "temperature", "max_operand", "prompt_width",
+            "num_generations", "max_new_tokens", "temperature", "task", "prompt_width",
             "seed", "store_text",
         )  # fmt: skip
         kwargs = {name: getattr(self, name) for name in names}

@@ -186,17 +186,34 @@ def completion_log_probs(
     return log_probs.gather(-1, targets[..., None]).squeeze(-1)
 
 
+def decode_text(tokenizer: Any, ids: list[int], *, until_eos: bool = True) -> str:
+    """The text of ``ids``: up to the first eos (``until_eos``), padding left out.
+
+    Other special tokens stay: a sampled ``<unk>`` is part of what was sampled, and the
+    reward and the stored text must see it (``skip_special_tokens=True`` would drop it).
+
+    Examples:
+        >>> from rb_lightning.llm.data import make_tokenizer
+        >>> tok = make_tokenizer()
+        >>> decode_text(tok, [tok.convert_tokens_to_ids(t) for t in ["7", "<unk>", "3", "<eos>", "<pad>"]])
+        '7<unk>3'
+    """
+    if until_eos and tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    pad = tokenizer.pad_token_id
+    return str(tokenizer.decode([t for t in ids if t != pad], skip_special_tokens=False))
+
+
 def decode_completions(tokenizer: Any, completion_ids: torch.Tensor) -> list[str]:
-    """The text of each completion, without its eos and padding."""
-    return [
-        tokenizer.decode(row, skip_special_tokens=True) for row in completion_ids.cpu().tolist()
-    ]
+    """The text of each completion, up to its eos, without padding (:func:`decode_text`)."""
+    return [decode_text(tokenizer, row) for row in completion_ids.cpu().tolist()]
 
 
 __all__ = [
     "Completions",
     "completion_log_probs",
     "decode_completions",
+    "decode_text",
     "encode_prompts",
     "sample_completions",
 ]

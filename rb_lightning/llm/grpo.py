@@ -51,7 +51,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
-from rb_lightning.errors import BufferStateError, UsageError
-from rb_lightning.llm.data import greedy_accuracy, make_tokenizer, solve
+from rb_lightning.errors import ArgumentTypeError, BufferStateError, UsageError
 from rb_lightning.llm.generation import (
     completion_log_probs,
     decode_completions,
@@ -70,11 +69,12 @@ from rb_lightning.llm.generation import (
     sample_completions,
 )
 from rb_lightning.llm.groups import GroupSampler
+from rb_lightning.llm.tasks import ArithmeticTask, PromptTask
 from rb_lightning.policy_version import POLICY_VERSION_KEY
 from rb_lightning.sources import resolve_callable
 
 try:
-    from transformers import AutoModelForCausalLM, PretrainedConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         'rb_lightning.llm.grpo needs the "hf" extra: pip install "rb-lightning[hf]"'
@@ -86,7 +86,7 @@ OFF_POLICY_CORRECTIONS = ("none", "decoupled")
 
 
 class GRPOModule(L.LightningModule):
-    """Online GRPO on the arithmetic task, with replay of whole groups through the DataModule.
+    """Online GRPO on a task's prompts, with replay of whole groups through the DataModule.
 
     Args:
         config: The policy's ``transformers`` config (``LlamaConfig(...)``, as in
@@ -106,7 +106,9 @@ class GRPOModule(L.LightningModule):
         clip_epsilon: Clip range of the importance ratio, ``[1 - eps, 1 + eps]``.
         beta: Weight of the KL to the starting policy (``0``: none, no reference model).
         rewards: Reward functions, ``"module:function"``; their sum is the reward.
-        max_operand: Largest operand of the generated prompts.
+        task: What the run trains on and is judged by: prompts, tokenizer, correctness
+            (:class:`~rb_lightning.llm.tasks.PromptTask`; in YAML a ``class_path``).
+            ``None``: :class:`~rb_lightning.llm.tasks.ArithmeticTask`.
         prompt_width: Columns of the left-padded prompts (tokens).
         seed: Seed of the prompts and of the sampling (with the rank and the step).
             ``None``: drawn from torch's global generator when training starts, so the
@@ -145,7 +147,7 @@ class GRPOModule(L.LightningModule):
         clip_epsilon: float = 0.2,
         beta: float = 0.0,
         rewards: list[str] | None = None,
-        max_operand: int = 50,
+        task: PromptTask | None = None,
         prompt_width: int = 8,
         seed: int | None = None,
         store_text: bool = True,
@@ -153,6 +155,8 @@ class GRPOModule(L.LightningModule):
         importance_weight_cap: float = 2.0,
     ) -> None:
         super().__init__()
+        if isinstance(config, Mapping) and "model_type" in config:  # from a checkpoint's hparams
+            config = AutoConfig.for_model(**config)
         if not isinstance(config, PretrainedConfig):
             raise UsageError(
                 "config",
@@ -185,7 +189,11 @@ class GRPOModule(L.LightningModule):
                 f"importance_weight_cap must be a number > 0 (the largest importance weight "
                 f"a token gets), got {importance_weight_cap!r}. 2.0 is verl's default.",
             )
-        self.save_hyperparameters()
+        # The task is an object of the user's (its functions do not go into a checkpoint),
+        # and the architecture is kept as a plain dict: a checkpoint of a module built in
+        # Python then loads with torch's weights_only unpickler too.
+        self.save_hyperparameters(ignore=["task"])
+        self.hparams["config"] = config.to_dict()
         # Taking the loader's iterator (training_step(dataloader_iter)) is what keeps Lightning
         # from sampling a batch before this step's generation; Lightning warns that the
         # signature is experimental, which a user of this module can do nothing about.
@@ -199,9 +207,19 @@ class GRPOModule(L.LightningModule):
             clip_epsilon,
             beta,
         )
-        self.max_operand, self.prompt_width, self.seed = max_operand, prompt_width, seed
+        self.task = task if task is not None else ArithmeticTask()
+        if not isinstance(self.task, PromptTask):
+            raise ArgumentTypeError(
+                "task",
+                f"task must be a rb_lightning.llm.tasks.PromptTask, got {type(task).__name__}.",
+            )
+        self.prompt_width, self.seed = prompt_width, seed
         self.store_text = store_text
         self._drawn_seed: int | None = None  # seed=None: drawn once, when first needed
+        # Group ids: the first id of origin_step, and the slots (ranks x micro-batches) and
+        # prompts of each step since (see _first_group); in checkpoints.
+        self._group_ids = {"origin": 0, "origin_step": 0, "slots": 0, "prompts": 0}
+        self._micro, self._micro_step = 0, -1
         self.off_policy_correction = off_policy_correction
         self.importance_weight_cap = float(importance_weight_cap)
         self.init_from = init_from
@@ -210,7 +228,6 @@ class GRPOModule(L.LightningModule):
         self.ref_model = None
         if beta > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.tokenizer = make_tokenizer()
         self.reward_names = list(rewards if rewards is not None else DEFAULT_REWARDS)
         self.reward_functions = [resolve_callable(name) for name in self.reward_names]
         self.prompts_per_step = prompts_per_step
@@ -285,11 +302,14 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_seed"] = self.run_seed
+        checkpoint["grpo_group_ids"] = dict(self._group_ids)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed = True
         if "grpo_seed" in checkpoint:
             self._drawn_seed = int(checkpoint["grpo_seed"])
+        if "grpo_group_ids" in checkpoint:
+            self._group_ids = {k: int(v) for k, v in checkpoint["grpo_group_ids"].items()}
 
     def on_fit_start(self) -> None:
         """Say where the policy starts (a resumed run: the CLI names the checkpoint)."""
@@ -315,15 +335,51 @@ class GRPOModule(L.LightningModule):
         except RuntimeError:  # not attached to a Trainer: one process
             return 1
 
-    def _generator(self, step: int) -> torch.Generator:
-        # A function of (seed, rank, step) only: a resumed run draws what the straight one did.
-        seed = (self.run_seed * 1_000_003 + self.global_rank) * 1_000_003 + step
+    def _generator(self, step: int, micro: int = 0) -> torch.Generator:
+        # A function of (seed, rank, step, micro-batch) only: a resumed run draws what the
+        # straight one did, and the micro-batches of one step (accumulate_grad_batches) differ.
+        seed = (self.run_seed * 1_000_003 + self.global_rank) * 1_000_003 + step + micro * 2**40
         return torch.Generator(device=self.device).manual_seed(seed % (2**63))
 
-    def _prompts(self, n: int, generator: torch.Generator) -> list[str]:
-        top = self.max_operand + 1
-        pairs = torch.randint(0, top, (n, 2), generator=generator, device=self.device).tolist()
-        return [f"{a}+{b}=" for a, b in pairs]
+    def _accumulation(self) -> int:
+        try:
+            return int(self.trainer.accumulate_grad_batches)
+        except RuntimeError:  # not attached to a Trainer
+            return 1
+
+    def _first_group(self, step: int, micro: int, n_prompts: int) -> int:
+        """The id of the first group a (step, micro-batch) of this rank generates.
+
+        Every rank and micro-batch of a step has a slot of ``n_prompts`` ids; a run resumed
+        with another number of slots (ranks x accumulation) or prompts per step numbers
+        on from the first id its checkpoint had not used, so ids never collide.
+        """
+        slots = self._world_size() * self._accumulation()
+        ids = self._group_ids
+        if ids["slots"] == 0:  # a fresh run: ids from 0 at step 0
+            ids.update(slots=slots, prompts=n_prompts)
+        elif (slots, n_prompts) != (ids["slots"], ids["prompts"]):
+            ids.update(origin=self._next_group_id(step), origin_step=step, slots=slots,
+                       prompts=n_prompts)  # fmt: skip
+        slot = micro * self._world_size() + self.global_rank
+        return ids["origin"] + ((step - ids["origin_step"]) * slots + slot) * n_prompts
+
+    def _next_group_id(self, step: int) -> int:
+        """An id above every group generated before ``step``."""
+        ids = self._group_ids
+        return ids["origin"] + (step - ids["origin_step"]) * ids["slots"] * ids["prompts"]
+
+    def _micro_batch(self) -> int:
+        """Which micro-batch of the current optimizer step this training_step is (0 first)."""
+        step = self.global_step
+        self._micro = self._micro + 1 if step == self._micro_step else 0
+        self._micro_step = step
+        return self._micro
+
+    @property
+    def tokenizer(self) -> Any:
+        """The task's tokenizer."""
+        return self.task.tokenizer
 
     def score(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
         """The summed reward of each completion."""
@@ -334,7 +390,7 @@ class GRPOModule(L.LightningModule):
 
     @torch.no_grad()
     def generate_groups(
-        self, step: int, version: int | None = None, *, scored: bool = True
+        self, step: int, version: int | None = None, *, scored: bool = True, micro: int = 0
     ) -> TensorDict:
         """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU).
 
@@ -342,10 +398,12 @@ class GRPOModule(L.LightningModule):
         stamped ``policy_version = version`` (``None``: ``step``, the synchronous loop's
         case, where the weights generating step ``s`` are version ``s``). ``scored=False``:
         rewards of zero, no reward function called (a batch that only shows the columns).
+        ``micro``: the micro-batch of the step (``accumulate_grad_batches``), which draws
+        other prompts and numbers other groups.
         """
-        generator = self._generator(step)
+        generator = self._generator(step, micro)
         n_prompts = int(self.prompts_per_step or 1)
-        prompts = self._prompts(n_prompts, generator)
+        prompts = self.task.draw(n_prompts, generator)
         repeated = [p for p in prompts for _ in range(self.num_generations)]
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
@@ -373,7 +431,7 @@ class GRPOModule(L.LightningModule):
         advantage = (grouped - grouped.mean(1, keepdim=True)) / (
             grouped.std(1, keepdim=True) + 1e-4
         )
-        first = (step * self._world_size() + self.global_rank) * n_prompts
+        first = self._first_group(step, micro, n_prompts)
         group = torch.arange(first, first + n_prompts).repeat_interleave(self.num_generations)
         n = len(repeated)
         columns: dict[str, Any] = {
@@ -445,7 +503,7 @@ class GRPOModule(L.LightningModule):
             )
         start = time.perf_counter()
         version = self.policy_version
-        groups = self.generate_groups(version)
+        groups = self.generate_groups(version, micro=self._micro_batch())
         self._buffer.extend(groups)
         self._sampler.consumer_version = version
         batch, _, _ = next(dataloader_iter)
@@ -485,31 +543,35 @@ class GRPOModule(L.LightningModule):
             self.log(name, value, batch_size=size)
 
     # -- evaluation -------------------------------------------------------------------------
-    def greedy_accuracy(self, prompts: list[str]) -> torch.Tensor:
-        """Fraction of ``prompts`` whose greedy completion is the right answer."""
-        return greedy_accuracy(
-            self.model, self.tokenizer, prompts,
-            prompt_width=self.prompt_width, max_new_tokens=self.max_new_tokens,
+    def greedy_completions(self, prompts: list[str]) -> list[str]:
+        """The greedy completion of each of ``prompts`` by the current policy."""
+        ids, mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
+        out = sample_completions(
+            self.model, ids.to(self.device), mask.to(self.device),
+            max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, greedy=True,
         )  # fmt: skip
+        return decode_completions(self.tokenizer, out.completion_ids)
 
-    def _evaluate(self, batch: TensorDictBase, name: str) -> torch.Tensor:
+    def _evaluate(self, batch: TensorDictBase, stage: str) -> torch.Tensor:
         prompts = [str(p) for p in batch["prompt"]]
-        if any(solve(p) is None for p in prompts):
-            raise UsageError(
-                "data.init_args.val_buffer",
-                "GRPOModule evaluates arithmetic prompts ('12+7='); the evaluation buffer's "
-                "'prompt' column holds others. Fill it with rb_lightning.llm.data:"
-                "fill_arithmetic_buffer.",
-            )
-        accuracy = self.greedy_accuracy(prompts)
-        self.log(name, accuracy, prog_bar=True, batch_size=len(prompts))
-        return accuracy
+        self.task.check_eval_prompts(prompts)
+        completions = self.greedy_completions(prompts)
+        if self.task.has_answers:  # the task says what is right: accuracy
+            name = f"{stage}_accuracy"
+            right = [self.task.is_correct(p, c) for p, c in zip(prompts, completions, strict=True)]
+            value = torch.tensor(right, dtype=torch.float32).mean()
+        else:  # otherwise, what the rewards make of the greedy answers
+            name = f"{stage}_reward"
+            value = self.score(prompts, completions).mean()
+        self.log(name, value, prog_bar=True, batch_size=len(prompts))
+        return value
 
     def validation_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        return self._evaluate(batch, "val_accuracy")
+        return self._evaluate(batch, "val")
 
     def test_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        return self._evaluate(batch, "test_accuracy")
+        return self._evaluate(batch, "test")
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)

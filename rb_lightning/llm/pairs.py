@@ -23,8 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rb_lightning.llm.generation import decode_text
 
-def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
+
+def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
     """``rows`` with ``prompt`` and ``completion`` strings decoded from their token ids.
 
     Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask`` (the
@@ -33,8 +35,9 @@ def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any = None) -> list[
 
     Args:
         rows: Rows such as those of ``to_hf_dataset(run, streaming=False)``.
-        tokenizer: The tokenizer of the ids; default
-            :func:`rb_lightning.llm.data.make_tokenizer`.
+        tokenizer: The tokenizer the run used (``module.tokenizer``, its task's:
+            ``make_tokenizer()`` for the shipped arithmetic task). Required: ids
+            decoded with another tokenizer give other text without any error.
 
     Examples:
         >>> from rb_lightning.llm.data import make_tokenizer
@@ -45,10 +48,6 @@ def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any = None) -> list[
         >>> with_text([row], tok)[0]["prompt"], with_text([row], tok)[0]["completion"]
         ('1+2=', '3')
     """
-    if tokenizer is None:
-        from rb_lightning.llm.data import make_tokenizer
-
-        tokenizer = make_tokenizer()
     out = []
     for row in rows:
         row = dict(row)
@@ -57,8 +56,8 @@ def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any = None) -> list[
             ids, attended = list(row["input_ids"]), list(row["attention_mask"])
             prompt = [t for t, a in zip(ids[:-width], attended[:-width], strict=True) if a]
             completion = [t for t, m in zip(ids[-width:], row["completion_mask"], strict=True) if m]
-            row["prompt"] = tokenizer.decode(prompt, skip_special_tokens=True)
-            row["completion"] = tokenizer.decode(completion, skip_special_tokens=True)
+            row["prompt"] = decode_text(tokenizer, prompt, until_eos=False)
+            row["completion"] = decode_text(tokenizer, completion)
         out.append(row)
     return out
 

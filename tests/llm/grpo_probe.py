@@ -42,7 +42,7 @@ class GroupProbe(Callback):
             "step": trainer.global_step - 1,
             "groups": batch["group"].tolist(),
             "versions": batch["policy_version"].tolist(),
-            "prompts": [row["prompt"] for row in with_text(_rows(batch))],
+            "prompts": [row["prompt"] for row in with_text(_rows(batch), pl_module.tokenizer)],
         }
         with open(self.dirpath / f"rank{trainer.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(row) + "\n")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections import Counter
 
 import pytest
 from console_scripts import command
 from grpo_probe import QUIET, REPO, column, metrics, probed_config, read_probe, train
+
+from rb_lightning import to_hf_dataset
 
 pytestmark = pytest.mark.hf
 
@@ -94,3 +97,25 @@ def test_seed_everything_decides_the_run(tmp_path):
     assert len(prompts["one"]) == 2
     assert prompts["one"] == prompts["one_again"]
     assert prompts["one"] != prompts["two"]
+
+
+def test_accumulated_micro_batches_generate_groups_of_their_own(tmp_path):
+    # accumulate_grad_batches=2: each micro-batch generates and trains on its own groups
+    # (before, both regenerated the same prompts, completions and group ids, and the run
+    # ended in "GroupSampler found no whole group", advising to raise max_staleness).
+    config = probed_config(tmp_path)
+    done = train(
+        ["fit", "--config", str(config), "--trainer.max_steps=2",
+         "--trainer.accumulate_grad_batches=2", *QUIET],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = read_probe(tmp_path / "probe")
+    assert len(rows) == 4  # 2 optimizer steps of 2 micro-batches
+    for row in rows:  # whole groups of one version (either micro-batch's of the step)
+        assert all(row["groups"].count(g) == 8 for g in set(row["groups"]))
+        assert len(set(row["versions"])) == 1
+    # Four generations of 8 groups, each numbered on its own: ids 0-31, 8 items each.
+    checkpoint = tmp_path / "runs" / "llm_grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    stored = to_hf_dataset(checkpoint, streaming=False, keys=["group"])["group"]
+    assert Counter(stored) == {g: 8 for g in range(32)}

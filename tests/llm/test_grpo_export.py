@@ -41,7 +41,7 @@ def stored_groups(tmp_path_factory):
     run = root / "runs" / "llm_grpo" / "version_0"
     # The shipped config stores token ids, not strings: with_text decodes them.
     keys = ["input_ids", "attention_mask", "completion_mask", "reward", "group"]
-    rows = with_text(to_hf_dataset(run, streaming=False, keys=keys))
+    rows = with_text(to_hf_dataset(run, streaming=False, keys=keys), make_tokenizer())
     return datasets.Dataset.from_list(
         [{k: row[k] for k in ("prompt", "completion", "reward", "group")} for row in rows]
     )

@@ -105,3 +105,38 @@ def test_a_group_sampled_from_one_prompt_pass_is_the_group_sampled_from_repeated
     assert len(set(map(tuple, shared.completion_ids[:8].tolist()))) > 1, "a group, not 8 copies"
     with pytest.raises(UsageError, match="completions_per_prompt"):
         sample_completions(model, ids, mask, completions_per_prompt=0, **options)
+
+
+def test_a_checkpoint_of_a_module_built_in_python_loads_with_weights_only(tmp_path):
+    # The architecture is kept as a plain dict, the task not at all: torch's weights_only
+    # unpickler reads the checkpoint (before: UnpicklingError ... LlamaConfig).
+    import lightning as L
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    from rb_lightning import ReplayBufferDataModule
+    from rb_lightning.llm.groups import GroupSampler
+
+    module = GRPOModule(_config(), num_generations=2, prompts_per_step=2, seed=0)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16), sampler=GroupSampler(group_size=2))
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=ReplayBufferDataModule(rb, batch_size=4, num_batches=None))
+    path = tmp_path / "grpo.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["config"]["hidden_size"] == 16
+    loaded = GRPOModule.load_from_checkpoint(path)
+    assert loaded.model.config.hidden_size == 16 and loaded.run_seed == 0
+
+
+def test_sampled_special_tokens_stay_in_the_text_the_reward_sees():
+    from rb_lightning.llm.data import make_tokenizer
+    from rb_lightning.llm.generation import decode_completions
+
+    tok = make_tokenizer()
+    ids = [[tok.convert_tokens_to_ids(t) for t in row] for row in (
+        ["7", "<unk>", "3", "<eos>", "<pad>"], ["1", "<eos>", "<pad>", "<pad>", "<pad>"]
+    )]  # fmt: skip
+    assert decode_completions(tok, torch.tensor(ids)) == ["7<unk>3", "1"]
