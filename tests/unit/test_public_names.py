@@ -66,11 +66,6 @@ IN_SUBPACKAGES = [
     "rb_lightning.distributed.ShardedRayReplayBuffer",
     "rb_lightning.distributed.sharded.ShardedRayReplayBuffer",
     "rb_lightning.distributed.sharded.ShardedBuffer",
-    # Old homes of the sharded buffer's handle and checkpoints (one release, issue 46).
-    "rb_lightning.distributed.sharded_handle.ShardedBuffer",
-    "rb_lightning.distributed.sharded_checkpoint.ShardedDumpRequest",
-    "rb_lightning.distributed.sharded_checkpoint.sharded_state",
-    "rb_lightning.distributed.sharded_checkpoint.restore_sharded_state",
     # Old homes of modules moved into the layers (one release, issue 46; docs/layout.md).
     "rb_lightning.datamodule.ReplayBufferDataModule",
     "rb_lightning.stream.handles.resolve_buffer",
