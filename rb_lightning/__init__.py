@@ -14,10 +14,9 @@ Examples:
 
 from __future__ import annotations
 
-import sys as _sys
 from typing import TYPE_CHECKING
 
-from rb_lightning.namespaces import MovedModules, lazy_names
+from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from rb_lightning.buffers.mixture import SOURCE_KEY, BufferMixture
@@ -86,40 +85,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-#: Modules that moved when the package was laid out in layers (docs/layout.md): the old
-#: paths import the new modules until the next release.
-_MOVED = {
-    "rb_lightning.datamodule": "rb_lightning.lightning.datamodule",
-    "rb_lightning.trainer_switches": "rb_lightning.lightning.trainer_switches",
-    "rb_lightning.stream.training": "rb_lightning.lightning.training",
-    "rb_lightning.stream.spawn": "rb_lightning.lightning.spawn",
-    "rb_lightning.stream.handles": "rb_lightning.buffers.handles",
-    "rb_lightning.stream.priorities": "rb_lightning.buffers.priorities",
-    "rb_lightning.sources.mixture": "rb_lightning.buffers.mixture",
-    "rb_lightning.checkpoint.io": "rb_lightning.lightning.checkpoint_io",
-    "rb_lightning.checkpoint.state": "rb_lightning.buffers.state",
-    "rb_lightning.checkpoint.load": "rb_lightning.buffers.reader",
-    "rb_lightning.checkpoint.saved": "rb_lightning.buffers.reader",
-    **{
-        f"rb_lightning.checkpoint.{name}": f"rb_lightning.persist.{name}"
-        for name in (
-            "adapter",
-            "beside",
-            "build",
-            "components",
-            "dumps",
-            "elastic",
-            "files",
-            "kinds",
-            "manifest",
-            "mismatch",
-        )
-    },
-}
-if not any(isinstance(finder, MovedModules) for finder in _sys.meta_path):
-    _sys.meta_path.insert(0, MovedModules(_MOVED))
-
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 

@@ -8,9 +8,6 @@ such a package first (the Ctrl-C guard) and must answer at once.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,44 +36,3 @@ def lazy_names(
         return sorted([*namespace, *homes])
 
     return __getattr__, __dir__
-
-
-class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Old module paths that still import, as the module now at the new path (for one release).
-
-    ``import rb_lightning.stream.handles`` after the module moved to
-    ``rb_lightning.buffers.handles`` gives the new module itself (one object, so
-    ``isinstance`` and module state agree), and warns once with the new path.
-
-    Examples:
-        >>> import sys
-        >>> finder = MovedModules({"old_json_name": "json"})
-        >>> sys.meta_path.insert(0, finder)
-        >>> import warnings
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore")
-        ...     import old_json_name
-        >>> old_json_name is importlib.import_module("json")
-        True
-        >>> sys.meta_path.remove(finder); del sys.modules["old_json_name"]
-    """
-
-    def __init__(self, moves: Mapping[str, str]) -> None:
-        self.moves = dict(moves)
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self.moves:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: Any) -> Any:
-        new = self.moves[spec.name]
-        warnings.warn(
-            f"{spec.name} moved to {new}; the old path works until the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return importlib.import_module(new)
-
-    def exec_module(self, module: Any) -> None:
-        """The module is the new one, already executed."""

@@ -96,7 +96,7 @@ __all__ = [
     "prepare_chunked_save",
 ]
 
-#: The kind a chunked save's manifest records (:mod:`rb_lightning.checkpoint.kinds`).
+#: The kind a chunked save's manifest records (:mod:`rb_lightning.persist.kinds`).
 CHUNKED_KIND = "chunked_rows"
 #: A first (full) save is cut into chunks of at most ``capacity / _PIECES`` rows, so that a
 #: chunk of it is freed once the writer has passed it, not after a whole lap; but of at

@@ -19,8 +19,8 @@ elsewhere  nothing: the buffer is in another rank's checkpoint (rank 0's)
 mixture    one record per member of a ``BufferMixture``, and its generator
 ========== =================================================================
 
-Checkpoints written before the record (a dict tagged ``"location"``) are read
-as the same kinds.
+A checkpoint written by a pre-release format (a dict tagged ``"location"``) is
+refused with a :class:`~rb_lightning.errors.BufferCheckpointError`.
 
 Examples:
     >>> record = BufferRecord(kind="beside", len=3, write_count=3, dir="last.ckpt.buffer",
@@ -30,9 +30,6 @@ Examples:
     ('beside', 1)
     >>> BufferRecord.from_dict(saved) == record
     True
-    >>> BufferRecord.from_dict({"location": "beside", "dir": "d", "version": "v",
-    ...                         "world_size": 2, "len": 4, "write_count": 4}).kind
-    'ranks'
 """
 
 from __future__ import annotations
@@ -67,6 +64,13 @@ RANK_PREFIX = "rank"  # <version>/rank<r>: one dump per DDP rank
 
 RecordKind = Literal["inline", "beside", "ranks", "actor", "shards", "elsewhere", "mixture"]
 KINDS: tuple[str, ...] = get_args(RecordKind)
+#: A checkpoint whose buffer is a dict tagged ``"location"``: the format before the record.
+PRE_RELEASE_FORMAT = (
+    "The checkpoint's replay buffer was saved in a pre-release rb_lightning format (a dict "
+    "tagged 'location', from before BufferRecord), which this version does not read: "
+    "checkpoints of earlier, unreleased formats are refused rather than guessed at. Re-create "
+    "it: resume from a checkpoint written by this version of rb_lightning, or start a new run."
+)
 #: Kinds whose dumps live in a directory beside the ``.ckpt``.
 BESIDE_KINDS = frozenset({"beside", "ranks", "actor", "shards"})
 #: Kinds holding the buffer of processes of this run, which a resume can deal out anew.
@@ -202,9 +206,9 @@ class BufferRecord:
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> BufferRecord:
-        """Read a record stored by :meth:`to_dict`, or by a version before the record."""
+        """Read a record stored by :meth:`to_dict`."""
         if "location" in saved and "kind" not in saved:
-            saved = _in_record_form(saved)
+            raise BufferCheckpointError(PRE_RELEASE_FORMAT)
         version = saved.get("record")
         if not isinstance(version, int) or version > RECORD_VERSION:
             raise BufferCheckpointError(
@@ -235,45 +239,6 @@ class BufferRecord:
             composition=saved.get("composition"),
             resolved=saved.get("resolved"),
         )
-
-
-def _in_record_form(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint of the format before the record (``{"location": ..., ...}``), as a record dict.
-
-    Examples:
-        >>> _in_record_form({"location": "remote", "saved_by_rank": 0})
-        {'record': 1, 'kind': 'elsewhere'}
-    """
-    location = saved["location"]
-    if location == "mixture":
-        members = {name: saved["members"][name] for name in saved.get("names", ())}
-        return {
-            "record": 1,
-            "kind": "mixture",
-            "members": members,
-            "generator": saved.get("generator"),
-        }
-    if location == "remote":
-        return {"record": 1, "kind": "elsewhere"}
-    if location == "inline":
-        kind: RecordKind = "inline"
-    elif location == "beside":
-        kind = (
-            "ranks"
-            if "world_size" in saved
-            else "shards"
-            if saved.get("sharded")
-            else "actor"
-            if saved.get("remote")
-            else "beside"
-        )
-    else:
-        raise BufferCheckpointError(
-            f"Unknown replay-buffer location {location!r}: this rb_lightning reads "
-            "'inline', 'beside', 'remote' and 'mixture'. Read the checkpoint with the "
-            "rb_lightning version that wrote it."
-        )
-    return {**saved, "record": 1, "kind": kind}
 
 
 def mixture_record(
@@ -308,7 +273,10 @@ def _comparable(value: Any) -> Any:
 
 
 def is_record(value: Any) -> bool:
-    """Whether ``value`` is a saved buffer record (either format) as a checkpoint stores it.
+    """Whether ``value`` is a saved buffer record as a checkpoint stores it.
+
+    A record of the pre-release format counts, so that reading it raises the error that
+    says so rather than finding no buffer.
 
     Examples:
         >>> is_record({"record": 1, "kind": "inline"}), is_record({"location": "beside"})

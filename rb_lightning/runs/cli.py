@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import jsonargparse
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch import LightningModule, Trainer
@@ -322,6 +323,9 @@ def _check_readable(found: RunCheckpoint) -> None:
         )
 
 
+_JSONARGPARSE_VERSION = tuple(int(part) for part in jsonargparse.__version__.split(".")[:2])
+
+
 class RunParser(LightningArgumentParser):
     """The CLI's parser; ``save`` (a run's ``config.yaml``) skips validation by default.
 
@@ -330,6 +334,10 @@ class RunParser(LightningArgumentParser):
     """
 
     def save(self, *args: Any, skip_validation: bool = True, **kwargs: Any) -> None:
+        # Lightning's SaveConfigCallback passes skip_none, which jsonargparse 4.49 renamed
+        # skip_unset (and warns of); the older jsonargparse this package allows has no skip_unset.
+        if "skip_none" in kwargs and _JSONARGPARSE_VERSION >= (4, 49):
+            kwargs["skip_unset"] = kwargs.pop("skip_none")
         super().save(*args, skip_validation=skip_validation, **kwargs)
 
 

@@ -74,9 +74,9 @@ def test_another_world_size_deals_the_items_out():
     assert [share[: len(share)]["id"].tolist() for share in shares] == [[0, 2, 4], [1, 3, 5]]
 
 
-def test_unknown_location_or_kind_is_refused():
-    with pytest.raises(BufferCheckpointError, match="location 'cloud'.*reads 'inline', 'beside'"):
-        restore_buffer_state(_buffer(0), {"location": "cloud"})
+def test_a_pre_release_record_or_unknown_kind_is_refused():
+    with pytest.raises(BufferCheckpointError, match="pre-release rb_lightning format"):
+        restore_buffer_state(_buffer(0), {"location": "inline"})
     with pytest.raises(BufferCheckpointError, match="kind 'cloud'.*reads inline, beside"):
         restore_buffer_state(_buffer(0), {"record": 1, "kind": "cloud"})
     with pytest.raises(BufferCheckpointError, match="record has version 2.*upgrade"):

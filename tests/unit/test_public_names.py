@@ -66,18 +66,6 @@ IN_SUBPACKAGES = [
     "rb_lightning.distributed.ShardedRayReplayBuffer",
     "rb_lightning.distributed.sharded.ShardedRayReplayBuffer",
     "rb_lightning.distributed.sharded.ShardedBuffer",
-    # Old homes of the sharded buffer's handle and checkpoints (one release, issue 46).
-    "rb_lightning.distributed.sharded_handle.ShardedBuffer",
-    "rb_lightning.distributed.sharded_checkpoint.ShardedDumpRequest",
-    "rb_lightning.distributed.sharded_checkpoint.sharded_state",
-    "rb_lightning.distributed.sharded_checkpoint.restore_sharded_state",
-    # Old homes of modules moved into the layers (one release, issue 46; docs/layout.md).
-    "rb_lightning.datamodule.ReplayBufferDataModule",
-    "rb_lightning.stream.handles.resolve_buffer",
-    "rb_lightning.sources.mixture.BufferMixture",
-    "rb_lightning.checkpoint.saved.open_saved_buffer",
-    "rb_lightning.checkpoint.elastic.restore_share",
-    "rb_lightning.checkpoint.io.BufferCheckpointIO",
 ]
 
 
@@ -105,21 +93,6 @@ def test_every_class_path_of_the_shipped_configs_imports():
     assert ours, "no rb_lightning class_path found in configs/"
     for dotted in ours:
         assert _resolve(dotted) is not None, dotted
-
-
-def test_a_moved_module_is_the_new_one_and_says_where_it_went():
-    import warnings
-
-    import rb_lightning.lightning.datamodule as new
-
-    sys_modules_before = dict(__import__("sys").modules)
-    __import__("sys").modules.pop("rb_lightning.datamodule", None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = importlib.import_module("rb_lightning.datamodule")
-    assert old is new
-    assert any("rb_lightning.lightning.datamodule" in str(w.message) for w in caught)
-    __import__("sys").modules.update(sys_modules_before)
 
 
 def test_the_checkpoint_package_exports_what_a_user_calls():
