@@ -228,16 +228,12 @@ def greedy_accuracy(
     max_new_tokens: int = 4,
 ) -> torch.Tensor:
     """Fraction of arithmetic ``prompts`` whose greedy completion by ``model`` is right."""
-    from rb_lightning.llm.generation import decode_completions, encode_prompts, sample_completions
+    from rb_lightning.llm.generation import greedy_completions
 
-    device = next(model.parameters()).device
-    ids, mask = encode_prompts(tokenizer, list(prompts), prompt_width)
-    out = sample_completions(
-        model, ids.to(device), mask.to(device),
-        max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, greedy=True,
-    )  # fmt: skip
-    correct = arithmetic_reward(decode_completions(tokenizer, out.completion_ids), prompts)
+    completions = greedy_completions(
+        model, tokenizer, prompts, prompt_width=prompt_width, max_new_tokens=max_new_tokens
+    )
+    correct = arithmetic_reward(completions, prompts)
     return torch.tensor(correct).mean()
 
 

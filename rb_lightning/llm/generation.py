@@ -186,6 +186,20 @@ def completion_log_probs(
     return log_probs.gather(-1, targets[..., None]).squeeze(-1)
 
 
+def greedy_completions(
+    model: Any, tokenizer: Any, prompts: Sequence[str], *, prompt_width: int, max_new_tokens: int
+) -> list[str]:
+    """The greedy completion of each of ``prompts`` by ``model`` (:func:`decode_text`'d)."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, list(prompts), prompt_width)
+    out = sample_completions(
+        model, ids.to(device), mask.to(device),
+        max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, greedy=True,
+    )  # fmt: skip
+    return decode_completions(tokenizer, out.completion_ids)
+
+
 def decode_text(tokenizer: Any, ids: list[int], *, until_eos: bool = True) -> str:
     """The text of ``ids``: up to the first eos (``until_eos``), padding left out.
 
@@ -215,5 +229,6 @@ __all__ = [
     "decode_completions",
     "decode_text",
     "encode_prompts",
+    "greedy_completions",
     "sample_completions",
 ]

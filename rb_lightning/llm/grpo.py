@@ -2,29 +2,19 @@
 
 Each training step, at policy version ``v`` (the optimizer steps done so far):
 
-1. draws ``prompts_per_step`` arithmetic prompts (``"12+7="``) and samples
-   ``num_generations`` completions of each with the current policy, from a
-   generator seeded by ``(seed, rank, step)``;
-2. scores them with the reward functions (``"module:function"`` paths, TRL's
-   reward signature ``f(completions, prompts=...) -> list[float]``, summed),
-   and computes group-relative advantages ``(r - mean_group) / (std_group + 1e-4)``;
-3. writes the whole groups into the DataModule's buffer: ``input_ids``,
-   ``attention_mask``, ``completion_mask``, ``reward``, ``advantage``, ``group``,
-   the behaviour policy's per-token ``behaviour_log_probs``,
-   ``policy_version = v`` (and the ``prompt`` / ``completion`` strings with
-   ``store_text=True``);
-4. only then takes its batch from the DataModule (``training_step`` receives the
-   loader's iterator, so Lightning reads no batch ahead), sampled by a
-   :class:`~rb_lightning.llm.groups.GroupSampler` whose ``consumer_version`` it
-   sets to ``v``: with ``max_staleness: 0`` the batch is exactly this step's
-   groups (on-policy); with ``max_staleness: s`` groups of the last ``s``
-   versions are replayed;
-5. minimises the clipped GRPO objective against the stored behaviour log-probs
-   (token mean over the batch, TRL's ``loss_type="dapo"``), plus ``beta`` times
-   the k3 estimate of the KL to the starting model when ``beta > 0``.
+1. draws ``prompts_per_step`` prompts of its task (:mod:`rb_lightning.llm.tasks`) and
+   samples ``num_generations`` completions of each with the current policy, seeded by
+   ``(seed, rank, step)``; scores them with the reward functions (TRL's signature,
+   summed) and computes group-relative advantages;
+2. writes the whole groups into the DataModule's buffer (token ids and masks, ``reward``,
+   ``advantage``, ``group``, the behaviour log-probs, ``policy_version = v``);
+3. only then takes its batch (``training_step`` receives the loader's iterator), drawn by
+   a :class:`~rb_lightning.llm.groups.GroupSampler` gated on ``v``: with
+   ``max_staleness: 0`` exactly this step's groups, with ``s`` the last ``s`` versions';
+4. minimises the clipped objective (:mod:`rb_lightning.llm.objective`).
 
-``validate`` / ``test`` decode greedily the prompts of the DataModule's
-``val_buffer`` / ``test_buffer`` and log ``val_accuracy`` / ``test_accuracy``.
+``validate`` / ``test`` decode the prompts of ``val_buffer`` / ``test_buffer`` greedily and
+log ``val_accuracy`` (or ``val_reward`` for a task without a ``correct`` function).
 
 Examples:
     From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md)::
@@ -52,7 +42,6 @@ import copy
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -66,9 +55,13 @@ from rb_lightning.llm.generation import (
     completion_log_probs,
     decode_completions,
     encode_prompts,
+    greedy_completions,
     sample_completions,
 )
+from rb_lightning.llm.group_ids import GroupIds
 from rb_lightning.llm.groups import GroupSampler
+from rb_lightning.llm.module import load_sft_weights
+from rb_lightning.llm.objective import clipped_objective
 from rb_lightning.llm.tasks import ArithmeticTask, PromptTask
 from rb_lightning.policy_version import POLICY_VERSION_KEY
 from rb_lightning.sources import resolve_callable
@@ -216,15 +209,13 @@ class GRPOModule(L.LightningModule):
         self.prompt_width, self.seed = prompt_width, seed
         self.store_text = store_text
         self._drawn_seed: int | None = None  # seed=None: drawn once, when first needed
-        # Group ids: the first id of origin_step, and the slots (ranks x micro-batches) and
-        # prompts of each step since (see _first_group); in checkpoints.
-        self._group_ids = {"origin": 0, "origin_step": 0, "slots": 0, "prompts": 0}
+        self._group_ids = GroupIds()
         self._micro, self._micro_step = 0, -1
         self.off_policy_correction = off_policy_correction
         self.importance_weight_cap = float(importance_weight_cap)
         self.init_from = init_from
         if init_from is not None:
-            self._load_weights(init_from)
+            load_sft_weights(self.model, init_from)
         self.ref_model = None
         if beta > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
@@ -235,33 +226,6 @@ class GRPOModule(L.LightningModule):
         self._sampler: GroupSampler | None = None
 
     # -- setup ------------------------------------------------------------------------------
-    def _load_weights(self, path: str) -> None:
-        file = Path(path)
-        if not file.is_file():
-            raise UsageError(
-                "init_from",
-                f"init_from={path!r}: no such file. Give the last.ckpt of an SFT run "
-                "(python train.py fit --config configs/llm_sft.yaml writes "
-                "runs/llm_sft/version_<N>/checkpoints/last.ckpt), or drop init_from to start "
-                "from random weights.",
-            )
-        # A Lightning checkpoint the user made: it holds the SFT run's buffer too.
-        state = torch.load(file, map_location="cpu", weights_only=False)
-        weights = {
-            k.removeprefix("model."): v
-            for k, v in state.get("state_dict", {}).items()
-            if k.startswith("model.")
-        }
-        try:
-            self.model.load_state_dict(weights)
-        except RuntimeError as err:
-            raise UsageError(
-                "init_from",
-                f"init_from={path!r} does not fit this model: {str(err).splitlines()[0]} "
-                "Give model.init_args.config the architecture the checkpoint was trained with "
-                "(the llm_sft.yaml model block).",
-            ) from None
-
     def setup(self, stage: str) -> None:
         """Check the buffer's sampler and the batch size (fit)."""
         if stage != "fit":
@@ -302,14 +266,14 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_seed"] = self.run_seed
-        checkpoint["grpo_group_ids"] = dict(self._group_ids)
+        checkpoint["grpo_group_ids"] = self._group_ids.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed = True
         if "grpo_seed" in checkpoint:
             self._drawn_seed = int(checkpoint["grpo_seed"])
         if "grpo_group_ids" in checkpoint:
-            self._group_ids = {k: int(v) for k, v in checkpoint["grpo_group_ids"].items()}
+            self._group_ids.load_state_dict(checkpoint["grpo_group_ids"])
 
     def on_fit_start(self) -> None:
         """Say where the policy starts (a resumed run: the CLI names the checkpoint)."""
@@ -346,28 +310,6 @@ class GRPOModule(L.LightningModule):
             return int(self.trainer.accumulate_grad_batches)
         except RuntimeError:  # not attached to a Trainer
             return 1
-
-    def _first_group(self, step: int, micro: int, n_prompts: int) -> int:
-        """The id of the first group a (step, micro-batch) of this rank generates.
-
-        Every rank and micro-batch of a step has a slot of ``n_prompts`` ids; a run resumed
-        with another number of slots (ranks x accumulation) or prompts per step numbers
-        on from the first id its checkpoint had not used, so ids never collide.
-        """
-        slots = self._world_size() * self._accumulation()
-        ids = self._group_ids
-        if ids["slots"] == 0:  # a fresh run: ids from 0 at step 0
-            ids.update(slots=slots, prompts=n_prompts)
-        elif (slots, n_prompts) != (ids["slots"], ids["prompts"]):
-            ids.update(origin=self._next_group_id(step), origin_step=step, slots=slots,
-                       prompts=n_prompts)  # fmt: skip
-        slot = micro * self._world_size() + self.global_rank
-        return ids["origin"] + ((step - ids["origin_step"]) * slots + slot) * n_prompts
-
-    def _next_group_id(self, step: int) -> int:
-        """An id above every group generated before ``step``."""
-        ids = self._group_ids
-        return ids["origin"] + (step - ids["origin_step"]) * ids["slots"] * ids["prompts"]
 
     def _micro_batch(self) -> int:
         """Which micro-batch of the current optimizer step this training_step is (0 first)."""
@@ -431,7 +373,10 @@ class GRPOModule(L.LightningModule):
         advantage = (grouped - grouped.mean(1, keepdim=True)) / (
             grouped.std(1, keepdim=True) + 1e-4
         )
-        first = self._first_group(step, micro, n_prompts)
+        first = self._group_ids.first(
+            step=step, micro=micro, rank=self.global_rank, world_size=self._world_size(),
+            accumulation=self._accumulation(), prompts=n_prompts,
+        )  # fmt: skip
         group = torch.arange(first, first + n_prompts).repeat_interleave(self.num_generations)
         n = len(repeated)
         columns: dict[str, Any] = {
@@ -463,36 +408,14 @@ class GRPOModule(L.LightningModule):
             self.model, batch["input_ids"], batch["attention_mask"], self.prompt_width,
             temperature=self.temperature,
         )  # fmt: skip
-        mask = batch["completion_mask"].to(logp.dtype)
-        behaviour = batch["behaviour_log_probs"]
-        advantage = batch["advantage"].to(logp.dtype)[:, None]
-        stats = {}
-        if self.off_policy_correction == "decoupled":
-            # The proximal policy is the current one before this update: one update per batch,
-            # so its log-probs are this forward's, detached (no second forward pass).
-            proximal = logp.detach()
-            ratio = (logp - proximal).exp()
-            weight = (proximal - behaviour).exp().clamp(max=self.importance_weight_cap)
-            with torch.no_grad():
-                tokens = mask.sum().clamp(min=1)
-                stats["importance_weight_mean"] = (weight * mask).sum() / tokens
-                capped = (proximal - behaviour).exp() > self.importance_weight_cap
-                stats["importance_weight_capped"] = (capped.to(mask.dtype) * mask).sum() / tokens
-        else:
-            ratio = (logp - behaviour).exp()
-            weight = torch.ones_like(ratio)
-        clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
-        per_token = -weight * torch.minimum(ratio * advantage, clipped * advantage)
-        if self.ref_model is not None and self.beta > 0:
-            delta = batch["ref_log_probs"] - logp
-            kl = delta.exp() - delta - 1
-            per_token = per_token + self.beta * kl
-            stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-        tokens = mask.sum().clamp(min=1)
-        loss = (per_token * mask).sum() / tokens
-        with torch.no_grad():
-            stats["clip_fraction"] = ((ratio != clipped).to(mask.dtype) * mask).sum() / tokens
-        return loss, stats
+        use_ref = self.ref_model is not None and self.beta > 0
+        return clipped_objective(
+            logp, behaviour=batch["behaviour_log_probs"], advantage=batch["advantage"],
+            mask=batch["completion_mask"], clip_epsilon=self.clip_epsilon,
+            decoupled=self.off_policy_correction == "decoupled",
+            importance_weight_cap=self.importance_weight_cap,
+            ref_log_probs=batch["ref_log_probs"] if use_ref else None, beta=self.beta,
+        )  # fmt: skip
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> torch.Tensor:
         """Generate this step's groups into the buffer, then train on the batch sampled after."""
@@ -545,13 +468,10 @@ class GRPOModule(L.LightningModule):
     # -- evaluation -------------------------------------------------------------------------
     def greedy_completions(self, prompts: list[str]) -> list[str]:
         """The greedy completion of each of ``prompts`` by the current policy."""
-        ids, mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
-        out = sample_completions(
-            self.model, ids.to(self.device), mask.to(self.device),
-            max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, greedy=True,
+        return greedy_completions(
+            self.model, self.tokenizer, prompts,
+            prompt_width=self.prompt_width, max_new_tokens=self.max_new_tokens,
         )  # fmt: skip
-        return decode_completions(self.tokenizer, out.completion_ids)
 
     def _evaluate(self, batch: TensorDictBase, stage: str) -> torch.Tensor:
         prompts = [str(p) for p in batch["prompt"]]

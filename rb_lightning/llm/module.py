@@ -30,13 +30,14 @@ Examples:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from tensordict import TensorDictBase
 
-from rb_lightning.errors import ArgumentTypeError, MissingKeyError
+from rb_lightning.errors import ArgumentTypeError, MissingKeyError, UsageError
 from rb_lightning.llm.data import IGNORE_INDEX, greedy_accuracy, make_tokenizer
 
 try:
@@ -155,6 +156,38 @@ class CausalLMModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+
+
+def load_sft_weights(model: Any, path: str) -> None:
+    """Load the ``model.*`` weights of an SFT run's Lightning checkpoint into ``model``."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(
+            "init_from",
+            f"init_from={path!r}: no such file. Give the last.ckpt of an SFT run "
+            "(python train.py fit --config configs/llm_sft.yaml writes "
+            "runs/llm_sft/version_<N>/checkpoints/last.ckpt), or drop init_from to start "
+            "from random weights.",
+        )
+    # A Lightning checkpoint the user made: it holds the SFT run's buffer too.
+    state = torch.load(file, map_location="cpu", weights_only=False)
+    weights = {
+        k.removeprefix("model."): v
+        for k, v in state.get("state_dict", {}).items()
+        if k.startswith("model.")
+    }
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise UsageError(
+            "init_from",
+            f"init_from={path!r} does not fit this model: {str(err).splitlines()[0]} "
+            "Give model.init_args.config the architecture the checkpoint was trained with "
+            "(the llm_sft.yaml model block).",
+        ) from None
+
+
 __all__ = [
+    "load_sft_weights",
     "CausalLMModule",
 ]

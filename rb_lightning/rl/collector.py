@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,9 +38,9 @@ from rb_lightning.rl.background import (
     check_start_method,
     with_version_stamp,
 )
+from rb_lightning.rl.randomness import CollectionRandomness, rank_seed
 from rb_lightning.rl.telemetry import CollectionTelemetry
 from rb_lightning.stream.rate_limiter import SamplesPerInsert
-from rb_lightning.stream.sharding import Shard, draw_base_seed
 from rb_lightning.validation import (
     check_keys,
     check_non_negative_int,
@@ -69,22 +67,12 @@ class OnlineCollector(Callback):
       ``rate_limiter``, instead, a batch's worth whenever the limiter asks.
 
     With ``asynchronous=True`` the environment runs beside training instead
-    (:mod:`rb_lightning.rl.background`): torchrl's ``AsyncCollector`` in a worker
-    process (``run_in="process"``) or a ``Collector`` in a thread (``"thread"``)
-    collects ``frames_per_step`` frames at a time with the weights of the last
-    sync (every ``sync_every_n_steps`` optimizer steps), and the DataModule's
-    ``rate_limiter`` (if any) holds back whichever side runs ahead. A worker process
-    writes into a buffer torchrl can share itself (:mod:`rb_lightning.buffers.shared_writes`).
-
-    Every frame carries ``policy_version``, the optimizer step whose weights acted
-    (stored unless ``keys`` leaves it out; ``StalenessAwareSampler`` gates on it).
-
-    The policy is ``pl_module.collection_policy()``: a ``TensorDictModule``
-    that reads the environment's observation keys and writes its action (with
-    exploration, e.g. epsilon-greedy). On the module's device the collector runs
-    that very object, so its weights are the module's; when the collector had to
-    copy it (the environment lives elsewhere), the copy is refreshed with
-    ``collector.update_policy_weights_`` after each optimizer step.
+    (:mod:`rb_lightning.rl.background`), acting with a copy of the policy that gets the
+    weights every ``sync_every_n_steps`` optimizer steps; the DataModule's
+    ``rate_limiter`` (if any) holds back whichever side runs ahead. Every frame carries
+    ``policy_version``, the optimizer step whose weights acted. The policy is
+    ``pl_module.collection_policy()``; its contract is in docs/online-rl.md
+    ("Your own module").
 
     Logged: ``episode_return`` (mean of the last ``return_window`` episodes, in the
     progress bar), ``buffer_size``, ``frames``, ``samples_per_s`` and ``replay/*``.
@@ -115,13 +103,9 @@ class OnlineCollector(Callback):
             name of the member to write to (e.g. ``"online"``); the other
             members stay as they are. ``init_random_frames`` then counts that
             member's items.
-        seed: Seed of the environment and of the exploration, combined with the
-            DDP rank so that every rank collects its own experience (rank 0 uses
-            ``seed`` itself). ``None``: drawn from torch's global generator, so
-            ``seed_everything`` makes the run reproducible. Collection in the
-            training process draws its random actions from a stream of its own
-            (saved in checkpoints), not from training's; a worker process is seeded
-            with the same number.
+        seed: Seed of the environment and the exploration, with the DDP rank
+            (:mod:`rb_lightning.rl.randomness`). ``None``: drawn from torch's global
+            generator, so ``seed_everything`` makes the run reproducible.
         exclude_keys: Keys of collected frames that are not written to the buffer.
         keys: The only keys written to the buffer (nested keys as lists in YAML,
             ``[next, reward]``); ``None``: all. Storing only what the learner
@@ -246,8 +230,7 @@ class OnlineCollector(Callback):
         self._telemetry = CollectionTelemetry()
         self._rate_limiter: SamplesPerInsert | None = None
         self._trainer: Trainer | None = None
-        #: The state of the collection's own random stream (see ``_own_rng``).
-        self._rng_state: torch.Tensor | None = None
+        self._randomness: CollectionRandomness | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def make_env(self, num_envs: int | None = None) -> EnvBase:
@@ -297,10 +280,10 @@ class OnlineCollector(Callback):
         limiter = getattr(trainer.datamodule, "rate_limiter", None)  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
         self._rate_limiter = limiter if isinstance(limiter, SamplesPerInsert) else None
         env = self.make_env()
-        seed = self._rank_seed(trainer)
+        seed = rank_seed(self.seed, trainer.global_rank)
         env.set_seed(seed)
-        if self._rng_state is None:  # a resumed run continues its saved stream
-            self._rng_state = torch.Generator().manual_seed(seed).get_state()
+        if self._randomness is None:  # a resumed run continues its saved stream
+            self._randomness = CollectionRandomness(seed)
         self._policy = acting_policy(pl_module)
         self._multi_step = n_step_transform(self.n_steps, self.gamma, pl_module)
         self._stored_frames = StoredFrames(
@@ -311,7 +294,7 @@ class OnlineCollector(Callback):
             on_returns=self._record_returns,
         )
         check_policy_fits_env(self._policy, env)
-        with self._own_rng():
+        with self._randomness.active():
             self._warm_up(env, pl_module)
         if len(self._buffer) == 0:  # before a worker starts for nothing
             raise UsageError(
@@ -332,31 +315,6 @@ class OnlineCollector(Callback):
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(self._collect_on_demand)
         self._telemetry.start(trainer.global_step)
-
-    def _rank_seed(self, trainer: Trainer) -> int:
-        """The seed of this rank's environment and exploration: a function of (seed, rank).
-
-        ``seed=None`` draws the base from torch's global generator, which
-        ``seed_everything`` makes the same on every rank: the rank then makes the
-        streams differ, so N ranks collect N different streams of experience.
-        """
-        base = self.seed if self.seed is not None else draw_base_seed()
-        return Shard(rank=trainer.global_rank).seed(base) % (2**31 - 1)
-
-    @contextlib.contextmanager
-    def _own_rng(self) -> Iterator[None]:
-        # Collection in the training process draws its exploration (epsilon, random
-        # warm-up actions) from a stream of its own, seeded by (seed, rank) and saved in
-        # checkpoints: ranks explore differently, and training's own random draws do not
-        # depend on how much was collected.
-        assert self._rng_state is not None
-        training = torch.random.get_rng_state()
-        torch.random.set_rng_state(self._rng_state)
-        try:
-            yield
-        finally:
-            self._rng_state = torch.random.get_rng_state()
-            torch.random.set_rng_state(training)
 
     def _start_background(self, env: EnvBase, seed: int, version: int) -> None:
         assert self._policy is not None
@@ -421,7 +379,8 @@ class OnlineCollector(Callback):
         if self._copies_policy:
             assert self.collector is not None and self._policy is not None
             self.collector.update_policy_weights_(TensorDict.from_module(self._policy))
-        with self._own_rng():
+        assert self._randomness is not None
+        with self._randomness.active():
             frames = next(self._iterator)
         self._store(frames)
 
@@ -478,15 +437,9 @@ class OnlineCollector(Callback):
             # keeps the collection phase of the run it continues. A rate limiter asks instead.
             self._collect()
         self._telemetry.log(
-            trainer,
-            pl_module,
-            batch,
-            batch_idx,
-            mean_return=self.mean_return,
-            frames=self.frames,
-            buffer_size=len(self._buffer),
-            limiter=self._rate_limiter,
-        )
+            trainer, pl_module, batch, batch_idx, mean_return=self.mean_return,
+            frames=self.frames, buffer_size=len(self._buffer), limiter=self._rate_limiter,
+        )  # fmt: skip
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Close the environment, the collector's thread and its worker process."""
@@ -520,8 +473,8 @@ class OnlineCollector(Callback):
         writes = None if self._background is None else self._background.writes
         if writes is not None:  # a resumed run learns the rows the worker wrote past it first
             state["rows_learned"] = writes.rows_learned
-        if self._rng_state is not None:
-            state["rng_state"] = self._rng_state.clone()
+        if self._randomness is not None:
+            state["rng_state"] = self._randomness.state.clone()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -530,7 +483,9 @@ class OnlineCollector(Callback):
         self.episodes = int(state_dict["episodes"])
         self.recent_returns = deque(state_dict["recent_returns"], maxlen=self.return_window)
         self._restored_rows_learned = state_dict.get("rows_learned")
-        self._rng_state = state_dict.get("rng_state")
+        if "rng_state" in state_dict:
+            self._randomness = CollectionRandomness(0)
+            self._randomness.state = state_dict["rng_state"]
 
     @property
     def mean_return(self) -> float:

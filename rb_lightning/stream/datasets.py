@@ -15,7 +15,6 @@ Two views of the same sampling stream:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +29,7 @@ from rb_lightning import columns
 from rb_lightning.errors import ArgumentTypeError, MissingKeyError
 from rb_lightning.stream import exporters
 from rb_lightning.stream.sampling import BufferStream
-from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
+from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed, one_order_draws
 from rb_lightning.stream.state import StreamCursor
 from rb_lightning.validation import (
     check_device,
@@ -183,17 +182,9 @@ class _SampledDataset(IterableDataset):
             drawn += 1
 
     def _batches_of_one_order(self, shard: Shard) -> Iterator[Any]:
-        """A sampler without replacement, sampled by several copies: one order, dealt out.
-
-        Each copy permuting the buffer on its own would draw some items twice and miss
-        others in an epoch. Every copy seeds the same generator instead, so all of them
-        follow the order one process would draw, and each takes its own batches of it:
-        rank ``r`` of ``R`` the batches ``j * R + r``, and of those, worker ``w`` of ``W``
-        the ``j``-th where ``j`` is ``w`` more than a multiple of ``W``, as torch deals
-        batches to workers (round-robin). The batches the copy skips advance the sampler
-        without reading the storage.
-        """
-        position, seed, restored = 0, None, False
+        """Without replacement, every copy seeds one generator and takes its own batches of
+        that order (:func:`~rb_lightning.stream.sharding.one_order_draws`)."""
+        position, restored = 0, False
         if self._cursor is not None:
             stream_seed, epoch, position = self._cursor.read()
             # In the training process a resumed epoch continues the restored sampler.
@@ -205,19 +196,9 @@ class _SampledDataset(IterableDataset):
             seed = draw_base_seed()  # the same on every rank after seed_everything
         if not restored:  # each epoch of the loader is a new order
             self._stream.restart_epoch(seed % (2**63 - 1))
-        world, rank = shard.world_size, shard.rank
-        first = position + (shard.worker_id if shard.worker_seed is not None else 0)
-        step = shard.num_workers if shard.worker_seed is not None else 1
-        own = (
-            itertools.count(first, step)
-            if self._num_batches is None
-            else range(first, self._num_batches, step)
-        )
-        drawn = (position - 1) * world + rank + 1 if restored else 0
         self._stream.wait_until_ready()
-        for j in own:
-            self._stream.skip(j * world + rank - drawn)
-            drawn = j * world + rank + 1
+        for skip in one_order_draws(shard, position, self._num_batches, restored=restored):
+            self._stream.skip(skip)
             yield self._hand_out()
 
     def _enter_epoch(self, shard: Shard, cursor: StreamCursor) -> tuple[int | None, int]:
@@ -298,10 +279,8 @@ class ReplayBufferDataset(_SampledDataset):
     to every item, also for a plain ``ReplayBuffer``.
 
     Workers: each DataLoader worker (and each DDP rank) re-seeds its copy of
-    the buffer, so copies draw different streams. A sampler without replacement
-    (``SamplerWithoutReplacement``) is instead followed in one order by every copy,
-    each taking its own batches of it, so an epoch draws each item once across
-    workers and ranks (ranks must hold the same items). A worker samples its own
+    the buffer, so copies draw different streams; without replacement, they deal out
+    one order instead (each item once per epoch across workers and ranks). A worker samples its own
     copy of the buffer: with ``LazyTensorStorage`` after ``rb.share()``
     (shared memory, spawn start method) or ``LazyMemmapStorage`` it sees
     items written after it started; ``ListStorage`` and fork-started workers

@@ -7,6 +7,8 @@ module answers "who am I" and derives seeds and shares from that.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +66,32 @@ class Shard:
         return mixed % (2**63 - 1)
 
 
+def one_order_draws(
+    shard: Shard, position: int, num_batches: int | None, *, restored: bool
+) -> Iterator[int]:
+    """For each batch this copy takes of one shared order: the draws to skip before it.
+
+    Every copy of a stream without replacement follows the order one process would draw
+    and takes its own batches of it: rank ``r`` of ``R`` the batches ``j * R + r``, and of
+    those, worker ``w`` of ``W`` the ``j`` that torch deals it (round-robin, from
+    ``position``, the batches of the epoch already taken). ``restored``: the copy's sampler
+    continues a checkpoint taken after batch ``position - 1``, not the epoch's start.
+
+    Examples:
+        >>> list(one_order_draws(Shard(rank=1, world_size=2), 0, 3, restored=False))
+        [1, 1, 1]
+    """
+    in_worker = shard.worker_seed is not None
+    first = position + (shard.worker_id if in_worker else 0)
+    step = shard.num_workers if in_worker else 1
+    own = itertools.count(first, step) if num_batches is None else range(first, num_batches, step)
+    world, rank = shard.world_size, shard.rank
+    drawn = (position - 1) * world + rank + 1 if restored else 0
+    for j in own:
+        yield j * world + rank - drawn
+        drawn = j * world + rank + 1
+
+
 def current_shard() -> Shard:
     """Describe the calling process: DataLoader worker (if any) and rank (if distributed)."""
     rank, world_size = 0, 1
@@ -86,4 +114,4 @@ def draw_base_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
-__all__ = ["Shard", "current_shard", "draw_base_seed"]
+__all__ = ["Shard", "current_shard", "draw_base_seed", "one_order_draws"]
