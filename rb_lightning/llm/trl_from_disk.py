@@ -25,8 +25,8 @@ from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
 #: The learning rates of configs/llm_sft.yaml and llm_grpo.yaml: TRL's defaults (2e-5, 1e-6)
 #: are for large pretrained models and leave this tiny one where it was.
 _LEARNING_RATES = {"sft": 3e-3, "grpo": 3e-4}
-#: Steps at each end of a run whose mean reward the summary line shows.
-_REWARD_WINDOW = 5
+#: Steps at each end of a run whose mean reward (GRPO) or loss (SFT) the summary shows.
+_WINDOW = 5
 #: transformers' deprecation of a keyword TRL passes on every step: nothing a user can change.
 _TRL_INTERNALS = r".*gradient_checkpointing.*"
 
@@ -120,16 +120,21 @@ def main(argv: list[str] | None = None) -> None:
         line = f"{names[name]}: {steps} steps on {train_dataset.num_rows:,} rows of {args.dataset}"
         rewards = [log["reward"] for log in logs if "reward" in log]
         if rewards:  # GRPO: the mean reward of the completions of the first and last steps
-            window = min(_REWARD_WINDOW, max(1, len(rewards) // 2))
-            first, last = rewards[:window], rewards[-window:]
-            line += (
-                f", mean reward of the first {window} steps {sum(first) / window:.3f}, "
-                f"of the last {window} {sum(last) / window:.3f}"
-            )
-        else:
+            line += ", mean reward of " + _ends(rewards)
+        else:  # SFT: each step's loss is one batch's, so the ends' means show the trend
             losses = [log["loss"] for log in logs if "loss" in log]
-            line += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+            line += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}, mean of " + _ends(losses)
         print(line)
+
+
+def _ends(values: list[float]) -> str:
+    """``"the first 5 steps 0.625, of the last 5 0.750"``: means over both ends of a run."""
+    window = min(_WINDOW, max(1, len(values) // 2))
+    first, last = values[:window], values[-window:]
+    return (
+        f"the first {window} steps {sum(first) / window:.3f}, "
+        f"of the last {window} {sum(last) / window:.3f}"
+    )
 
 
 def train(
