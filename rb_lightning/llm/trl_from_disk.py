@@ -1,11 +1,12 @@
 """Train a TRL trainer on a ``datasets`` folder exported from a Lightning run.
 
     python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
-    rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
-    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft/version_0 \
+    rb-lightning-export-hf runs/llm_sft sft_data --keys prompt completion
+    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft \
         --trainer sft grpo   # SFTTrainer, then GRPOTrainer, from the run's model
 
-``--model`` names the Lightning run (or its ``.ckpt``) whose model TRL continues; without
+``--model`` names the Lightning run (its directory or ``.ckpt``; ``runs/llm_sft``: the
+config's newest run, the one ``fit`` just wrote) whose model TRL continues; without
 it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). SFT goes on
 with the run's own training, restored from its checkpoint and ``config.yaml``: its AdamW
 state, learning-rate schedule, batch size, clipping and float32 (see :class:`LightningRun`),
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", help="a folder written by rb-lightning-export-hf")
     parser.add_argument(
-        "--model", help="a run of configs/llm_sft.yaml (its directory or .ckpt) to continue"
+        "--model",
+        help="a run of configs/llm_sft.yaml to continue: its directory or .ckpt, or "
+        "runs/llm_sft (the newest run)",
     )
     parser.add_argument("--trainer", nargs="+", choices=["sft", "grpo"], default=["sft"])
     parser.add_argument("--max-steps", type=int, default=5)

@@ -1,8 +1,9 @@
 """TRL's SFTTrainer continues a Lightning run of llm_sft: it starts at the run's loss and goes down.
 
-docs/trl.md's chain, typed as a user types it: ``python train.py fit`` (60 steps of
-``configs/llm_sft.yaml``, where the loss still falls by about 0.01 a step), the export, then
-``python -m rb_lightning.llm.trl_from_disk ... --model runs/llm_sft`` with 20 SFT steps.
+docs/trl.md's chain, its three commands as the page has them (tests/trl_docs.py): ``python
+train.py fit`` with 60 steps of ``configs/llm_sft.yaml`` (where the loss still falls by about
+0.01 a step), the export, then ``python -m rb_lightning.llm.trl_from_disk ...`` with
+``--trainer sft --max-steps 20`` appended (argparse keeps the last ``--trainer``).
 
 Before the fix, TRL trained the run's weights with a fresh AdamW at the run's full learning
 rate (3e-3, no warm-up, batches of 8, TRL's linear decay and gradient clipping): its first
@@ -18,12 +19,11 @@ import csv
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from console_scripts import command
 from run_output import unexpected_lines
+from trl_docs import chain, runnable
 
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
@@ -50,17 +50,15 @@ def _last_train_loss(metrics_csv: Path) -> tuple[int, float]:
 
 
 def test_sft_continues_the_run_from_its_loss_and_lowers_it(tmp_path):
-    fit = [sys.executable, str(REPO / "train.py"), "fit"]
-    fit += ["--config", str(REPO / "configs" / "llm_sft.yaml"), f"--trainer.max_steps={FIT_STEPS}"]
-    _run([*fit, "--trainer.log_every_n_steps=10", "--trainer.enable_progress_bar=false"], tmp_path)
+    fit, export, trl = map(runnable, chain())
+    steps = [f"--trainer.max_steps={FIT_STEPS}", "--trainer.log_every_n_steps=10"]
+    _run([*fit, *steps, "--trainer.enable_progress_bar=false"], tmp_path)
     run = tmp_path / "runs" / "llm_sft" / "version_0"
     step, run_loss = _last_train_loss(run / "metrics.csv")
     assert step == FIT_STEPS
 
-    export = [*command("rb-lightning-export-hf"), "runs/llm_sft", "sft_data"]
-    _run([*export, "--keys", "prompt", "completion"], tmp_path)
-    script = [sys.executable, "-m", "rb_lightning.llm.trl_from_disk", "sft_data"]
-    result = _run([*script, "--model", "runs/llm_sft", "--max-steps", str(SFT_STEPS)], tmp_path)
+    _run(export, tmp_path)
+    result = _run([*trl, "--trainer", "sft", "--max-steps", str(SFT_STEPS)], tmp_path)
     out = result.stdout + result.stderr
     assert unexpected_lines(out) == []
     line = re.search(rf"SFTTrainer: {SFT_STEPS} steps on 4,096 rows of sft_data, .*", out)
