@@ -1,12 +1,16 @@
 """Train a TRL trainer on a ``datasets`` folder exported from a Lightning run.
 
     python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
-    rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
-    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft/version_0 \
+    rb-lightning-export-hf runs/llm_sft sft_data --keys prompt completion
+    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft \
         --trainer sft grpo   # SFTTrainer, then GRPOTrainer, from the run's model
 
-``--model`` names the Lightning run (or its ``.ckpt``) whose model TRL continues; without
-it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). The tokenizer
+``--model`` names the Lightning run (its directory or ``.ckpt``; ``runs/llm_sft``: the
+config's newest run, the one ``fit`` just wrote) whose model TRL continues; without
+it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). SFT goes on
+with the run's own training, restored from its checkpoint and ``config.yaml``: its AdamW
+state, learning-rate schedule, batch size, clipping and float32 (see :class:`LightningRun`),
+so its loss starts where the run's stopped and goes down. The tokenizer
 is the configs' local character tokenizer; put your own model and tokenizer in their
 place. The data is ``datasets.load_from_disk`` of the export, as any TRL script would
 read it. ``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import warnings
+from dataclasses import dataclass
 from typing import Any, cast
 
 from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
@@ -25,8 +30,10 @@ from rb_lightning.llm.data import arithmetic_reward, make_tokenizer
 #: The learning rates of configs/llm_sft.yaml and llm_grpo.yaml: TRL's defaults (2e-5, 1e-6)
 #: are for large pretrained models and leave this tiny one where it was.
 _LEARNING_RATES = {"sft": 3e-3, "grpo": 3e-4}
-#: Steps at each end of a run whose mean reward the summary line shows.
-_REWARD_WINDOW = 5
+#: The batch size without a run to continue, or when the run's config.yaml names none.
+_BATCH_SIZE = 8
+#: Steps at each end of a run whose mean reward (GRPO) or loss (SFT) the summary shows.
+_WINDOW = 5
 #: transformers' deprecation of a keyword TRL passes on every step: nothing a user can change.
 _TRL_INTERNALS = r".*gradient_checkpointing.*"
 
@@ -51,17 +58,70 @@ def tiny_model(tokenizer: Any) -> Any:
     return transformers.LlamaForCausalLM(config)
 
 
-def run_model(path: str) -> Any:
-    """The ``transformers`` model of a Lightning run of ``CausalLMModule`` (``llm_sft.yaml``).
+@dataclass
+class LightningRun:
+    """A finished Lightning run of ``CausalLMModule``, as its checkpoint and config left it.
 
-    ``path`` is the run directory or its ``.ckpt``; the model is rebuilt from the
-    config the module saved and given the checkpoint's weights.
+    TRL continues it with the run's own training: ``optimizers()`` is the run's AdamW with
+    its moments and step count and its learning-rate schedule where it stopped, and
+    ``batch_size``, ``max_grad_norm`` and ``accumulation`` are the run's ``config.yaml``'s.
+    A fresh AdamW at the run's full learning rate (TRL's default, without the run's warm-up)
+    moves every weight by about the learning rate at its first step (Adam's first update is
+    ``lr * sign(grad)``): after 300 steps of ``llm_sft``, that one step took TRL's loss from
+    0.43 to 2.24 (a batch of 64).
+    """
+
+    name: str
+    step: int
+    module: Any  # the run's CausalLMModule, its model given the checkpoint's weights
+    optimizer_states: list[Any]
+    scheduler_states: list[Any]
+    batch_size: int
+    max_grad_norm: float
+    accumulation: int
+
+    @property
+    def model(self) -> Any:
+        return self.module.model
+
+    def optimizers(self) -> tuple[Any, Any]:
+        """The run's optimizer and learning-rate schedule, restored as Lightning resumes them.
+
+        Built by the module's ``configure_optimizers`` (so over the model's parameters, in
+        the run's order); the schedule goes on from the run's last step. Without saved
+        states (a weights-only checkpoint), a fresh optimizer whose schedule starts over
+        (the module's warm-up included).
+        """
+        import torch
+
+        configured = self.module.configure_optimizers()
+        if isinstance(configured, dict):
+            optimizer = configured["optimizer"]
+            scheduler = configured["lr_scheduler"]["scheduler"]
+        else:  # no warm-up: the run's learning rate throughout
+            optimizer = configured
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        if self.optimizer_states:
+            optimizer.load_state_dict(self.optimizer_states[0])
+        if self.scheduler_states and isinstance(configured, dict):
+            scheduler.load_state_dict(self.scheduler_states[0])
+        return optimizer, scheduler
+
+
+def run_model(path: str) -> LightningRun:
+    """The Lightning run of ``CausalLMModule`` (``llm_sft.yaml``) at ``path``, to continue in TRL.
+
+    ``path`` is the run directory, its ``.ckpt``, or a config's directory of runs (its newest
+    run); the module is rebuilt from the hyper-parameters it saved and given the checkpoint's
+    weights. Nothing in the checkpoint is unpickled.
     """
     import importlib
 
     import transformers
+    import yaml
 
     from rb_lightning.buffers.reader import checkpoint_path_of, read_torch_file
+    from rb_lightning.llm.module import CausalLMModule
 
     file = checkpoint_path_of(path)
     if file is None:
@@ -71,7 +131,8 @@ def run_model(path: str) -> Any:
         )
     state = read_torch_file(file)  # tensors and plain data only: nothing unpickled
     # LightningCLI saved the module's transformers config as {class_path, init_args}.
-    saved = state.get("hyper_parameters", {}).get("config")
+    hparams = state.get("hyper_parameters", {})
+    saved = hparams.get("config")
     config_class: Any = None
     if isinstance(saved, dict) and isinstance(saved.get("class_path"), str):
         module_name, _, class_name = saved["class_path"].rpartition(".")
@@ -84,14 +145,28 @@ def run_model(path: str) -> Any:
             "(rb_lightning.llm.module.CausalLMModule, as configs/llm_sft.yaml trains)."
         )
     config = config_class(**saved.get("init_args", {}))
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    weights = {
-        key.removeprefix("model."): value
-        for key, value in state["state_dict"].items()
-        if key.startswith("model.")
-    }
-    model.load_state_dict(weights)
-    return model
+    training = {k: hparams[k] for k in ("lr", "weight_decay", "warmup_steps") if k in hparams}
+    module = CausalLMModule(config, **training)
+    module.load_state_dict(state["state_dict"])
+    # The run's config.yaml (LightningCLI writes it into the run directory) has the rest.
+    run_dir = file.parent.parent if file.parent.name == "checkpoints" else file.parent
+    cli: dict[str, Any] = {}
+    if (run_dir / "config.yaml").is_file():
+        cli = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    trainer = cli.get("trainer") or {}
+    data = (cli.get("data") or {}).get("init_args") or {}
+    clip = trainer.get("gradient_clip_val")
+    batch_size = data.get("batch_size")
+    return LightningRun(
+        name=str(run_dir),
+        step=int(state.get("global_step", 0)),
+        module=module,
+        optimizer_states=list(state.get("optimizer_states", [])),
+        scheduler_states=list(state.get("lr_schedulers", [])),
+        batch_size=batch_size if isinstance(batch_size, int) else _BATCH_SIZE,
+        max_grad_norm=float(clip) if clip else 0.0,  # 0: TRL clips nothing, as the run
+        accumulation=int(trainer.get("accumulate_grad_batches") or 1),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,7 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", help="a folder written by rb-lightning-export-hf")
     parser.add_argument(
-        "--model", help="a run of configs/llm_sft.yaml (its directory or .ckpt) to continue"
+        "--model",
+        help="a run of configs/llm_sft.yaml to continue: its directory or .ckpt, or "
+        "runs/llm_sft (the newest run)",
     )
     parser.add_argument("--trainer", nargs="+", choices=["sft", "grpo"], default=["sft"])
     parser.add_argument("--max-steps", type=int, default=5)
@@ -113,29 +190,56 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=_TRL_INTERNALS, category=FutureWarning)
     train_dataset = datasets.load_from_disk(args.dataset)
     tokenizer = make_tokenizer()
-    model = tiny_model(tokenizer) if args.model is None else run_model(args.model)
+    run = None if args.model is None else run_model(args.model)
+    model = tiny_model(tokenizer) if run is None else run.model
+    # SFT goes on with the run's optimizer (one for every SFT trainer of the command).
+    continuing = None if run is None else (run, run.optimizers())
     names = {"sft": "SFTTrainer", "grpo": "GRPOTrainer"}
     for name in args.trainer:
-        model, steps, logs = train(name, model, tokenizer, train_dataset, args.max_steps)
+        sft_run = continuing if name == "sft" else None
+        model, steps, logs = train(
+            name, model, tokenizer, train_dataset, args.max_steps, continuing=sft_run
+        )
         line = f"{names[name]}: {steps} steps on {train_dataset.num_rows:,} rows of {args.dataset}"
         rewards = [log["reward"] for log in logs if "reward" in log]
         if rewards:  # GRPO: the mean reward of the completions of the first and last steps
-            window = min(_REWARD_WINDOW, max(1, len(rewards) // 2))
-            first, last = rewards[:window], rewards[-window:]
-            line += (
-                f", mean reward of the first {window} steps {sum(first) / window:.3f}, "
-                f"of the last {window} {sum(last) / window:.3f}"
-            )
-        else:
+            line += ", mean reward of " + _ends(rewards)
+        else:  # SFT: each step's loss is one batch's, so the ends' means show the trend
             losses = [log["loss"] for log in logs if "loss" in log]
-            line += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+            line += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}, mean of " + _ends(losses)
+            if sft_run is not None:
+                line += (
+                    f"; continued {sft_run[0].name} from step {sft_run[0].step:,} with its "
+                    f"optimizer, learning rate and batch size ({sft_run[0].batch_size})"
+                )
         print(line)
 
 
+def _ends(values: list[float]) -> str:
+    """``"the first 5 steps 0.625, of the last 5 0.750"``: means over both ends of a run."""
+    window = min(_WINDOW, max(1, len(values) // 2))
+    first, last = values[:window], values[-window:]
+    return (
+        f"the first {window} steps {sum(first) / window:.3f}, "
+        f"of the last {window} {sum(last) / window:.3f}"
+    )
+
+
 def train(
-    name: str, model: Any, tokenizer: Any, train_dataset: Any, max_steps: int
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    train_dataset: Any,
+    max_steps: int,
+    continuing: tuple[LightningRun, tuple[Any, Any]] | None = None,
 ) -> tuple[Any, int, list[dict[str, float]]]:
-    """Train ``model`` with TRL trainer ``name``; return the model, its steps and step logs."""
+    """Train ``model`` with TRL trainer ``name``; return the model, its steps and step logs.
+
+    ``continuing``: the Lightning run that SFT goes on with and its restored optimizer and
+    schedule (:meth:`LightningRun.optimizers`); TRL then trains as the run did (its
+    optimizer state, learning rate, batch size, clipping, float32), not with TRL's fresh
+    AdamW, linear decay, batches of 8, ``max_grad_norm=1`` and bfloat16 autocast.
+    """
     import transformers
     import trl
 
@@ -143,12 +247,22 @@ def train(
         output_dir=tempfile.mkdtemp(prefix="trl-"),
         max_steps=max_steps,
         learning_rate=_LEARNING_RATES[name],
-        per_device_train_batch_size=8,
+        per_device_train_batch_size=_BATCH_SIZE,
         logging_steps=1,
         report_to=[],
         use_cpu=True,
         save_strategy="no",
     )
+    optimizers: Any = (None, None)
+    if continuing is not None:
+        run, optimizers = continuing
+        common.update(
+            learning_rate=optimizers[0].param_groups[0]["lr"],  # shown in logs; the run's
+            per_device_train_batch_size=run.batch_size,
+            gradient_accumulation_steps=run.accumulation,
+            max_grad_norm=run.max_grad_norm,
+            bf16=False,  # the run trained in float32, and TRL would autocast to bfloat16
+        )
     trainer: Any
     if name == "sft":  # reads prompt + completion: the loss is on the completion
         trainer = trl.SFTTrainer(
@@ -156,6 +270,7 @@ def train(
             args=trl.SFTConfig(**common, max_length=16),
             train_dataset=train_dataset,
             processing_class=tokenizer,
+            optimizers=optimizers,
         )
     else:  # reads prompt; other columns reach the reward function as keyword lists
         trainer = trl.GRPOTrainer(

@@ -4,6 +4,8 @@
 directory (the console script as pyproject.toml installs it), then TRL trainers on
 ``datasets.load_from_disk`` of the export (``python -m rb_lightning.llm.trl_from_disk``);
 the main job's numeric columns come back into a replay buffer with ``from_hf_dataset``.
+The ``llm_sft`` chain is the page's three commands as written (tests/trl_docs.py), typed
+after an earlier run, so the ones after ``fit`` must find the run it wrote, not that one.
 
 The ``llm_sft`` run is 300 steps: its validation losses must show what docs/cli.md says holds
 on every CPU (the values themselves differ between CPUs).
@@ -22,6 +24,7 @@ import pytest
 import torch
 from console_scripts import command
 from run_output import unexpected_lines
+from trl_docs import chain, runnable
 
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -57,17 +60,20 @@ def _fit(config: str, cwd: Path, max_steps: int) -> Path:
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory) -> Path:
-    """``python train.py fit --config configs/llm_sft.yaml`` for 300 steps, in a fresh directory."""
-    return _fit("llm_sft", tmp_path_factory.mktemp("sft"), SFT_STEPS)
+    """docs/trl.md's ``fit`` for 300 steps, in a directory that holds an earlier 1-step run."""
+    cwd = tmp_path_factory.mktemp("sft")
+    _fit("llm_sft", cwd, max_steps=1)  # runs/llm_sft/version_0: an older run
+    fit = runnable(chain()[0])
+    _run([*fit, f"--trainer.max_steps={SFT_STEPS}", "--trainer.enable_progress_bar=false"], cwd)
+    return cwd / "runs" / "llm_sft" / "version_1"
 
 
 def test_llm_sft_run_exports_and_trains_sft_then_grpo(sft_run):
     cwd = sft_run.parents[2]
-    export = command("rb-lightning-export-hf")
-    out = _run(
-        [*export, "runs/llm_sft/version_0", "sft_data", "--keys", "prompt", "completion"], cwd
-    )
+    _, export, trl = map(runnable, chain())
+    out = _run(export, cwd)
     assert "Saved 4,096 items to sft_data, columns: prompt, completion" in out.stdout
+    assert "from        runs/llm_sft/version_1/checkpoints/last.ckpt" in out.stdout, out.stdout
     assert "datasets.load_from_disk('sft_data')" in out.stdout
     exported = datasets.load_from_disk(str(cwd / "sft_data"))
     assert re.fullmatch(r"\d+[+-]\d+=", exported[0]["prompt"])
@@ -75,11 +81,10 @@ def test_llm_sft_run_exports_and_trains_sft_then_grpo(sft_run):
     # docs/trl.md's command: TRL continues the Lightning run's model, so GRPO's rewards are not
     # all 0 (a fresh model never answers right, and its GRPO steps show reward, loss and
     # gradient 0); one line per trainer, no TRL or transformers noise.
-    script = [sys.executable, "-m", "rb_lightning.llm.trl_from_disk", "sft_data"]
-    model = ["--model", "runs/llm_sft/version_0"]
-    result = _run([*script, *model, "--trainer", "sft", "grpo", "--max-steps", "4"], cwd)
+    result = _run([*trl, "--max-steps", "4"], cwd)
     assert unexpected_lines(result.stdout + result.stderr) == []
     assert "SFTTrainer: 4 steps on 4,096 rows of sft_data, loss " in result.stdout
+    assert "continued runs/llm_sft/version_1 from step 300 with its optimizer" in result.stdout
     grpo = re.search(
         r"GRPOTrainer: 4 steps on 4,096 rows of sft_data, mean reward of the first 2 steps "
         r"([\d.]+), of the last 2 ([\d.]+)",
