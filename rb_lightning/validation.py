@@ -94,6 +94,13 @@ def check_non_negative_int(value: Any, name: str) -> int:
     return number
 
 
+def check_seconds(value: Any, name: str) -> float:
+    """``value`` as a positive number of seconds, or a :class:`UsageError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
+        raise UsageError(name, f"{name} must be a positive number of seconds, got {value!r}.")
+    return float(value)
+
+
 def check_keys(keys: Any) -> list[NestedKey] | None:
     if keys is None:
         return None

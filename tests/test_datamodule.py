@@ -16,6 +16,7 @@ from torchrl.data import (
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
+from rb_lightning.errors import UsageError
 
 
 class Recorder(L.LightningModule):
@@ -221,3 +222,14 @@ def test_workers_make_a_tensor_storage_buffer_shared_and_say_so(caplog):
         dm.setup("fit")
     assert rb.shared
     assert "num_workers=2) called rb.share()" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [0, -1.5, "10", True, None])
+def test_a_bad_wait_timeout_fails_at_construction(bad):
+    # Before, the DataModule stored it unchecked and it failed once train_dataloader ran.
+    rb = ReplayBuffer(storage=LazyTensorStorage(8))
+    with pytest.raises(
+        UsageError, match="wait_timeout must be a positive number of seconds"
+    ) as err:
+        ReplayBufferDataModule(rb, batch_size=2, wait_timeout=bad)
+    assert err.value.argument == "wait_timeout"

@@ -47,6 +47,7 @@ from rb_lightning.validation import (
     check_non_negative_int,
     check_positive_int,
     check_replay_buffer,
+    check_seconds,
 )
 
 
@@ -166,7 +167,7 @@ class ReplayBufferDataModule(LightningDataModule):
         self.val_buffer = check_replay_buffer(val_buffer, "val_buffer", allow_none=True)
         self.test_buffer = check_replay_buffer(test_buffer, "test_buffer", allow_none=True)
         self.min_size = check_positive_int(min_size, "min_size", allow_none=True)
-        self.wait_timeout = wait_timeout
+        self.wait_timeout = check_seconds(wait_timeout, "wait_timeout")
         self.source, self.val_source, self.test_source = source, val_source, test_source
         self._unfilled = fill_sources(
             source=(source, self.replay_buffer, "replay_buffer"),

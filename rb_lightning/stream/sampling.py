@@ -29,7 +29,6 @@ Examples:
 from __future__ import annotations
 
 import logging
-import numbers
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,7 +56,7 @@ from rb_lightning.stream.remote_prefetch import (
     pipeline_options,
 )
 from rb_lightning.stream.sharding import Shard, current_shard, draw_base_seed
-from rb_lightning.validation import check_positive_int, check_replay_buffer
+from rb_lightning.validation import check_positive_int, check_replay_buffer, check_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -107,16 +106,7 @@ class BufferStream:
         self._handle: BufferHandle = resolve_buffer(replay_buffer)
         self._batch_size = check_positive_int(batch_size, "batch_size")
         self._min_size = check_positive_int(min_size, "min_size", allow_none=True)
-        if (
-            isinstance(wait_timeout, bool)
-            or not isinstance(wait_timeout, numbers.Real)
-            or wait_timeout <= 0
-        ):
-            raise UsageError(
-                "wait_timeout",
-                f"wait_timeout must be a positive number of seconds, got {wait_timeout!r}.",
-            )
-        self._wait_timeout: float = float(wait_timeout)
+        self._wait_timeout: float = check_seconds(wait_timeout, "wait_timeout")
         #: Whether batches get sampler info attached; None until the first draw decides.
         self._attach_info: bool | None = None
         #: Whether draws go through the sampler and storage directly (see _draw_direct).
