@@ -28,6 +28,12 @@ _CLASS_PATH = re.compile(r"^Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted|does not accept option '([^']+)'")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: --([^\s=]+)")
 _NO_ATTRIBUTE = re.compile(r"^module '([^']+)' has no attribute '([^']+)'")
+_NO_MODULE = re.compile(r"No module named '([^'.]+)")
+#: The extra (pyproject's optional dependencies) that brings each optional package.
+_EXTRA_OF = {
+    "transformers": "hf", "datasets": "hf", "trl": "hf", "accelerate": "hf", "tokenizers": "hf",
+    "gymnasium": "rl", "matplotlib": "plot", "ray": "ray",
+}  # fmt: skip
 
 
 def is_argument_error(err: BaseException) -> bool:
@@ -87,6 +93,9 @@ def parse_error(err: BaseException) -> ConfigError:
         reason = f"class_path {class_path!r} cannot be imported: {reason}."
     if not reason.endswith((".", "?")):
         reason += "."
+    if (match := _NO_MODULE.search(reason)) and match.group(1) in _EXTRA_OF:
+        extra = _EXTRA_OF[match.group(1)]
+        reason += f' {match.group(1)} comes with the {extra} extra: pip install "rb-lightning[{extra}]".'
     return ConfigError(key, reason)
 
 
