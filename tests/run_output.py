@@ -27,6 +27,8 @@ ALLOWED = [
     r"[┏┃┡│└].*",
     # progress bars with a known total (one line per refresh once \r is read as a line break)
     r"(step|Validation DataLoader 0|Testing DataLoader 0|Epoch \d+): +\d+%.*",
+    # the training progress in a file or a pipe: a plain line every ~10 s
+    r"step [\d,]+/[\d,]+ \(\d+%\) \| [\d.]+ steps/s( \| .*)?",
     # real warnings: about the run's own settings
     r"GRPO starts from scratch: random weights, .*",
     # the helper scripts' results

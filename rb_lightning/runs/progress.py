@@ -11,11 +11,17 @@ validation batches before training; an error there still surfaces), bars that
 open as ``Training: 0/?`` or ``Validation: 0/?`` before their total is known, and
 the nested validation bar inside ``fit`` (its cursor-up codes read as ``[A``
 lines where output is redirected; the step bar shows ``val_*`` when it ends).
+
+Where the output is a file or a pipe (CI, a cluster's job log), the training bar is a
+plain line every ``line_every_s`` seconds instead of carriage-return updates, and one at
+the end with the final values: ``step 1,200/60,000 (2%) | 118.3 steps/s | loss=0.12``
+(the rate counts this process's steps, so it holds across a resume).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
@@ -31,6 +37,12 @@ class StepProgressBar(TQDMProgressBar):
     With a finite ``max_steps`` the bar's total is ``max_steps`` and it does not
     restart at epoch boundaries; otherwise it behaves like Lightning's bar.
 
+    Args:
+        refresh_rate, process_position, leave: As Lightning's ``TQDMProgressBar``.
+        lines: Plain lines instead of a bar; ``None`` (default): when the standard
+            output is not a terminal.
+        line_every_s: Seconds between two lines.
+
     Examples:
         >>> import lightning as L
         >>> bar = StepProgressBar()
@@ -39,6 +51,23 @@ class StepProgressBar(TQDMProgressBar):
         >>> bar.is_enabled
         True
     """
+
+    def __init__(
+        self,
+        refresh_rate: int = 1,
+        process_position: int = 0,
+        leave: bool = False,
+        lines: bool | None = None,
+        line_every_s: float = 10.0,
+    ) -> None:
+        super().__init__(refresh_rate, process_position, leave)
+        self.lines = lines
+        self.line_every_s = float(line_every_s)
+        self._started = (0.0, 0)  # when, and at which step, this process's training started
+        self._last_line = (0.0, -1)  # when, and at which step, the last line was printed
+
+    def _writes_lines(self) -> bool:
+        return not sys.stdout.isatty() if self.lines is None else self.lines
 
     def _counts_steps(self, trainer: Trainer) -> bool:
         return trainer.max_steps is not None and trainer.max_steps > 0
@@ -73,12 +102,14 @@ class StepProgressBar(TQDMProgressBar):
             return super().init_train_tqdm()
         # Opened with its total: no "Training: 0/?" line before it. A resumed run starts where
         # it stopped; its rate counts only its own steps.
+        now = time.monotonic()
+        self._started, self._last_line = (now, self.trainer.global_step), (now, -1)
         return Tqdm(
             desc="step",
             total=self.trainer.max_steps,
             initial=self.trainer.global_step,
             position=2 * self.process_position,
-            disable=self.is_disabled,
+            disable=self.is_disabled or self._writes_lines(),
             leave=True,
             dynamic_ncols=True,
             file=sys.stdout,
@@ -103,9 +134,41 @@ class StepProgressBar(TQDMProgressBar):
             return
         bar = self.train_progress_bar
         step = trainer.global_step
-        if not bar.disable and (step % self.refresh_rate == 0 or step == trainer.max_steps):
+        if self._writes_lines():
+            bar.n = step
+            if time.monotonic() - self._last_line[0] >= self.line_every_s:
+                self._print_line(trainer, pl_module)
+        elif not bar.disable and (step % self.refresh_rate == 0 or step == trainer.max_steps):
             bar.n = step
             bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The last values, as the run ends (the summary below prints them too)."""
+        if not self._counts_steps(trainer) or self.is_disabled:
+            return super().on_train_end(trainer, pl_module)
+        if self._writes_lines():
+            if self._last_line[1] != trainer.global_step:
+                self._print_line(trainer, pl_module)
+        else:
+            bar = self.train_progress_bar
+            bar.n = trainer.global_step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+        super().on_train_end(trainer, pl_module)
+
+    def _print_line(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.is_disabled:
+            return
+        now, step = time.monotonic(), trainer.global_step
+        self._last_line = (now, step)
+        total = trainer.max_steps
+        started_at, started_step = self._started
+        rate = (step - started_step) / max(now - started_at, 1e-9)
+        values = ", ".join(
+            f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+            for name, value in self.get_metrics(trainer, pl_module).items()
+        )
+        line = f"step {step:,}/{total:,} ({100 * step // total}%) | {rate:.1f} steps/s"
+        print(f"{line} | {values}" if values else line, flush=True)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._counts_steps(trainer):
