@@ -183,6 +183,10 @@ class StepProgressBar(TQDMProgressBar):
             bar = self.train_progress_bar
         except TypeError:  # no training bar yet
             return
+        if self._writes_lines() and self._counts_steps(trainer):
+            if self._last_line[1] != trainer.global_step:  # where the run stopped
+                self._print_line(trainer, pl_module)
+            return
         bar.close()
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:

@@ -203,11 +203,14 @@ def test_after_ctrl_c_the_summary_starts_on_its_own_line_below_the_progress_bar(
     run.send_signal(signal.SIGINT)
     out = _wait(run, log)
     assert run.returncode == 130, out[-3000:]
-    lines = out.split("\n")  # str.splitlines would also split at the bar's "\r"
+    lines = out.split("\n")
+    assert "\r" not in out  # into a file: plain progress lines, no bar updates
     summary = [i for i, line in enumerate(lines) if "fit stopped at step" in line]
     assert len(summary) == 1, out[-3000:]
     assert lines[summary[0]].startswith("fit stopped at step"), lines[summary[0]][-300:]
-    assert "step:" in lines[summary[0] - 1]  # the bar, on the line above
+    # The progress where the run stopped, on the line above.
+    stopped_at = lines[summary[0]].split("fit stopped at step ")[1].split(" ")[0]
+    assert lines[summary[0] - 1].startswith(f"step {stopped_at}/"), lines[summary[0] - 1]
 
 
 @pytest.mark.slow
