@@ -129,7 +129,8 @@ class AsyncGRPOModule(GRPOModule):
             **kwargs,
         )
         self.save_hyperparameters(ignore=["task"])
-        self.hparams["config"] = self.model.config.to_dict()  # as GRPOModule: no pickled objects
+        if isinstance(self.hparams.get("config"), PretrainedConfig):  # as GRPOModule
+            self.hparams["config"] = self.model.config.to_dict()
         self._correction_setting = off_policy_correction
         self.weight_sync_every = weight_sync_every
         self.start_method = start_method

@@ -186,7 +186,8 @@ class GRPOModule(L.LightningModule):
         # and the architecture is kept as a plain dict: a checkpoint of a module built in
         # Python then loads with torch's weights_only unpickler too.
         self.save_hyperparameters(ignore=["task"])
-        self.hparams["config"] = config.to_dict()
+        if isinstance(self.hparams.get("config"), PretrainedConfig):  # not the CLI's own record
+            self.hparams["config"] = config.to_dict()
         # Taking the loader's iterator (training_step(dataloader_iter)) is what keeps Lightning
         # from sampling a batch before this step's generation; Lightning warns that the
         # signature is experimental, which a user of this module can do nothing about.
@@ -194,12 +195,8 @@ class GRPOModule(L.LightningModule):
             warnings.filterwarnings("ignore", message=message)
         self.model = AutoModelForCausalLM.from_config(config)
         self.num_generations, self.max_new_tokens = num_generations, max_new_tokens
-        self.temperature, self.lr, self.clip_epsilon, self.beta = (
-            temperature,
-            lr,
-            clip_epsilon,
-            beta,
-        )
+        self.temperature, self.lr, self.clip_epsilon = temperature, lr, clip_epsilon
+        self.beta = beta
         self.task = task if task is not None else ArithmeticTask()
         if not isinstance(self.task, PromptTask):
             raise ArgumentTypeError(
