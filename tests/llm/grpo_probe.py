@@ -59,11 +59,16 @@ def read_probe(dirpath: Path, rank: int = 0) -> list[dict[str, Any]]:
 
 
 def probed_config(tmp_path: Path, source: Path = GRPO_CONFIG, **data_args: Any) -> Path:
-    """``source`` (``configs/llm_grpo.yaml``) plus a :class:`GroupProbe`, written under ``tmp_path``."""
+    """``source`` (``configs/llm_grpo.yaml``) plus a :class:`GroupProbe`, written under ``tmp_path``.
+
+    Also ``invariants.OptimizerOnlyMoves``: a fit in which a step starts from weights other
+    than its optimizer's ends with an error (every GRPO run of the tests checks it).
+    """
     config = yaml.safe_load(source.read_text())
-    config["trainer"]["callbacks"].append(
-        {"class_path": "grpo_probe.GroupProbe", "init_args": {"dirpath": str(tmp_path / "probe")}}
-    )
+    config["trainer"]["callbacks"].extend([
+        {"class_path": "grpo_probe.GroupProbe", "init_args": {"dirpath": str(tmp_path / "probe")}},
+        {"class_path": "invariants.OptimizerOnlyMoves"},
+    ])  # fmt: skip
     config["data"]["init_args"].update(data_args)
     path = tmp_path / source.name
     path.write_text(yaml.safe_dump(config))
@@ -73,7 +78,8 @@ def probed_config(tmp_path: Path, source: Path = GRPO_CONFIG, **data_args: Any) 
 def train(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``python train.py <args>`` in ``cwd``, importing this worktree's package and this folder."""
     env = dict(os.environ)
-    paths = [str(REPO), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
+    here = Path(__file__).parent
+    paths = [str(REPO), str(here), str(here.parent), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],

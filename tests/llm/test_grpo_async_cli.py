@@ -44,7 +44,7 @@ def _gone(pid: int, grace: float = 5.0) -> bool:
 def test_ctrl_c_then_ckpt_path_last_trains_every_generated_group_once_within_the_bound(tmp_path):
     config = probed_config(tmp_path, ASYNC_CONFIG)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).parent), str(REPO / "tests")])
     log = tmp_path / "first.log"
     run = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *QUIET,
