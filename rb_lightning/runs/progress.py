@@ -38,7 +38,9 @@ class StepProgressBar(TQDMProgressBar):
     restart at epoch boundaries; otherwise it behaves like Lightning's bar.
 
     Args:
-        refresh_rate, process_position, leave: As Lightning's ``TQDMProgressBar``.
+        refresh_rate: As Lightning's ``TQDMProgressBar``.
+        process_position: As Lightning's ``TQDMProgressBar``.
+        leave: As Lightning's ``TQDMProgressBar``.
         lines: Plain lines instead of a bar; ``None`` (default): when the standard
             output is not a terminal.
         line_every_s: Seconds between two lines.
