@@ -15,6 +15,7 @@ ALLOWED = [
     r"(validate|test): the model of \S+\.ckpt \(step [\d,]+\)",
     r"(validate|test): \d+ episodes without exploration, environment seeds [\d,]+-[\d,]+",
     r"fit stopped at step [\d,]+ after [\d.]+ s: .*",
+    r"Ray cluster at \S+: (buffer actor \S+|\d+ buffer shard actors \S+)",
     r"  \S.* \| .*|  (episode_return|val_loss|train_loss|loss|val_accuracy|reward_mean|frames) \S+",
     r"  (checkpoint|metrics|curves|resume) +\S.*",
     # Lightning's model summary (without FLOPs)

@@ -167,6 +167,10 @@ class BufferHandle:
             f"sampler={type(rb.sampler).__name__})"
         )
 
+    def where(self) -> str | None:
+        """Where the buffer runs when not in this process (one line for a run's output)."""
+        return None
+
     @property
     def source_names(self) -> list[str] | None:
         """Names of the members behind ``batch["source"]`` ids (``None``: one buffer)."""

@@ -192,6 +192,21 @@ def _find_actor(
             time.sleep(0.2)
 
 
+# -- the actor's process --------------------------------------------------------------------
+
+
+def where_it_runs(replay_buffer: RayReplayBuffer) -> str:
+    """One line for a run's output: ``Ray cluster at <address>: buffer actor <name>``."""
+    import ray
+
+    def actor_name(_: Any) -> str | None:
+        return ray.get_runtime_context().get_actor_name()
+
+    name = ray.get(live_actor(replay_buffer).__ray_call__.remote(actor_name))
+    address = ray.get_runtime_context().gcs_address
+    return f"Ray cluster at {address}: buffer actor {name or '(unnamed)'}"
+
+
 # -- checkpointing (rb_lightning.checkpoint) --------------------------------------------------
 # These run inside the buffer actor through Ray's ``__ray_call__``, so each is one actor
 # call: a collector's writes land before or after it, never in the middle. They are
@@ -261,4 +276,5 @@ __all__ = [
     "load_in_actor",
     "named_actor_config",
     "remote_build",
+    "where_it_runs",
 ]

@@ -63,6 +63,11 @@ class RemoteBuffer(BufferHandle):
     def stored_keys(self) -> set[NestedKey] | None:
         return None  # reading an item would be a round trip; checked at the first sample
 
+    def where(self) -> str:
+        from rb_lightning.distributed.ray import where_it_runs
+
+        return where_it_runs(self.replay_buffer)
+
     def prepare(self, num_workers: int) -> None:
         """Nothing to prepare: the actor owns the sampler and its generator."""
 

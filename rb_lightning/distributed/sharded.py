@@ -518,6 +518,14 @@ class ShardedBuffer(RemoteBuffer):
     def capacity(self) -> int | None:
         return self.replay_buffer.capacity
 
+    def where(self) -> str:
+        import ray
+
+        rb = self.replay_buffer
+        names = f"{rb.name}.0-{rb.num_shards - 1}" if rb.name is not None else "(unnamed)"
+        address = ray.get_runtime_context().gcs_address
+        return f"Ray cluster at {address}: {rb.num_shards} buffer shard actors {names}"
+
     def update_priority(
         self, batch: TensorDictBase, priority: torch.Tensor, *, invalid: InvalidPriority, where: str
     ) -> int:

@@ -54,7 +54,7 @@ from rb_lightning.runs.run_dirs import (
     shown,
 )
 from rb_lightning.runs.run_files import RunCheckpoint, read_run_checkpoint
-from rb_lightning.runs.run_log import quiet_run_log, skip_unloadable_nvml
+from rb_lightning.runs.run_log import quiet_run_log, say_where_the_buffer_runs, skip_unloadable_nvml
 from rb_lightning.runs.startup import (
     INTERRUPT_EXIT_CODE,
     hand_ctrl_c_to_the_trainer,
@@ -191,12 +191,15 @@ class ReplayBufferCLI(LightningCLI):
 
     # Lightning's Trainer handles Ctrl-C from here on (RunReport and FinalLastCheckpoint).
     def before_fit(self) -> None:
+        say_where_the_buffer_runs(self.datamodule)
         hand_ctrl_c_to_the_trainer()
 
     def before_validate(self) -> None:
+        say_where_the_buffer_runs(self.datamodule)
         hand_ctrl_c_to_the_trainer()
 
     def before_test(self) -> None:
+        say_where_the_buffer_runs(self.datamodule)
         hand_ctrl_c_to_the_trainer()
 
     def before_predict(self) -> None:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import warnings
+from typing import Any
 
 #: Set to "1" by Lightning at import: torch.cuda.is_available() then asks NVML first.
 _NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
-#: Lines Lightning logs that the run's own output says better, or that say nothing here.
+#: Lines Lightning and Ray log that the run's own output says better, or that say nothing here.
 _SAID_BETTER = (
+    "Initializing distributed:",  # each DDP rank's number: the config says how many
+    "-" * 100 + "\ndistributed_backend=",  # Lightning's banner when the DDP ranks have met
+    "Using address ",  # ray.init, when RAY_ADDRESS gives the address
+    "Connecting to existing Ray cluster at address:",  # "Ray cluster at <address>: buffer actor"
+    "Connected to Ray cluster.",
+    "Started a local Ray instance.",
     "Detected KeyboardInterrupt",  # RunReport's summary says it, with the resume command
     "Restoring states from the checkpoint path",  # "fit: resuming <run> from step <S>"
     "Restored all states from the checkpoint",
@@ -38,9 +46,14 @@ _NOT_FOR_THE_USER = (
 )
 
 
+#: Lightning's prefix on a line another DDP rank than 0 logs ("[rank: 1] Seed set to 0").
+_RANK_PREFIX = re.compile(r"\[rank: \d+\] ")
+
+
 class _DropSaidBetter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().lstrip().startswith(_SAID_BETTER)
+        message = _RANK_PREFIX.sub("", record.getMessage().lstrip(), count=1)
+        return not message.startswith(_SAID_BETTER)
 
 
 def quiet_run_log() -> None:
@@ -54,6 +67,8 @@ def quiet_run_log() -> None:
         "lightning.pytorch.utilities.rank_zero",
         "lightning.fabric.utilities.rank_zero",
         "lightning.fabric.utilities.seed",  # "Seed set to 0"
+        "lightning.fabric.utilities.distributed",  # "Initializing distributed: ..."
+        "ray._private.worker",  # ray.init's "Connecting to existing Ray cluster ..."
     ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropSaidBetter) for f in logger.filters):
@@ -64,6 +79,22 @@ def quiet_run_log() -> None:
     # The same for torchrl in the processes a run starts (an asynchronous collector's
     # worker reads this when it imports torchrl).
     os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
+
+
+def say_where_the_buffer_runs(datamodule: Any) -> None:
+    """One line, from global rank 0, when the run's buffer is not in its processes
+    (``Ray cluster at <address>: buffer actor <name>``); nothing otherwise."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from rb_lightning.buffers.handles import resolve_buffer
+
+    replay_buffer = getattr(datamodule, "replay_buffer", None)
+    # Lightning reads the rank from the environment its DDP launcher gives each rank.
+    if replay_buffer is None or getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    line = resolve_buffer(replay_buffer).where()
+    if line is not None:
+        print(line, flush=True)
 
 
 def skip_unloadable_nvml() -> None:
@@ -84,4 +115,4 @@ def skip_unloadable_nvml() -> None:
         os.environ[_NVML_CHECK_ENV] = "0"
 
 
-__all__ = ["quiet_run_log", "skip_unloadable_nvml"]
+__all__ = ["quiet_run_log", "say_where_the_buffer_runs", "skip_unloadable_nvml"]

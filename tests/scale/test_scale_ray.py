@@ -7,12 +7,18 @@ buffer by name, as separate machines would.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from script_runs import finish_script, rank_results, run_script, start_script
+from leftovers import ProcessTree, still_alive, wait_for
+from run_output import unexpected_lines
+from script_runs import REPO, finish_script, rank_results, run_script, start_script
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
@@ -136,3 +142,83 @@ def test_cartpole_dqn_ray_config_trains_from_the_shared_buffer(cluster, tmp_path
         view.close()
     finally:
         rb.close()
+
+
+class _RayConfigRun:
+    """``python train.py fit --config configs/cartpole_dqn_ray.yaml`` as a user types it (2 DDP
+    ranks, progress bar), joining the test's cluster (``RAY_ADDRESS``: the config says
+    ``address: auto``); its own session, so that a test can kill all of it at once.
+
+    :meth:`watch` records every process it starts: its descendants, and the buffer actor
+    (a Ray worker, a child of the raylet).
+    """
+
+    ACTOR = ("cartpole_dqn", "rb_lightning")  # the config's remote_config name and namespace
+
+    def __init__(self, cluster: str, tmp_path: Path, *args: str) -> None:
+        env = {**os.environ, "RAY_ADDRESS": cluster, "PYTHONPATH": str(REPO)}
+        env["MASTER_ADDR"] = "127.0.0.1"
+        for name in ("MASTER_PORT", "PYTHONWARNINGS", "RB_LIGHTNING_DEBUG"):
+            env.pop(name, None)
+        self.output = tmp_path / "output.txt"
+        command = [sys.executable, str(REPO / "train.py"), "fit"]
+        command += ["--config", str(REPO / "configs" / "cartpole_dqn_ray.yaml"), *args]
+        command.append(f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}")
+        with self.output.open("w") as out:
+            self.process = subprocess.Popen(
+                command,
+                cwd=tmp_path,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.tree = ProcessTree(self.process.pid)
+        self.actor = None
+
+    def actor_len(self) -> int:
+        """Items in the buffer actor (0 before it exists, or once it is gone); records its
+        process."""
+        try:
+            if self.actor is None:
+                self.actor = ray.get_actor(self.ACTOR[0], namespace=self.ACTOR[1])
+                pid = ray.get(self.actor.__ray_call__.remote(lambda _: os.getpid()), timeout=30)
+                self.tree.add(psutil.Process(pid))
+            return ray.get(self.actor.__len__.remote(), timeout=30)
+        except (ValueError, ray.exceptions.RayError):  # not there yet, or ended with the run
+            return 0
+
+    def watch(self, until=lambda: False, timeout: float = 300) -> bool:
+        """Record its processes every 0.5 s until ``until()``, its end, or ``timeout``."""
+
+        def done() -> bool:
+            if self.process.poll() is not None:
+                return True
+            self.tree.look()
+            self.actor_len()  # records the actor's process once it exists
+            return until()
+
+        return wait_for(done, timeout)
+
+    def text(self) -> str:
+        return self.output.read_text()
+
+    def left_running(self) -> dict:
+        """Its processes still running 30 s after it ended (Ray ends the actor of a job whose
+        driver is gone)."""
+        return still_alive(self.tree.seen, timeout=30)
+
+
+def test_the_ray_config_prints_only_what_a_user_reads(cluster, tmp_path):
+    pytest.importorskip("gymnasium")
+    run = _RayConfigRun(cluster, tmp_path, "--trainer.max_steps=30")
+    run.watch()
+    run.process.wait(timeout=300)
+    out = run.text()
+    assert run.process.returncode == 0, out[-3000:]
+    assert unexpected_lines(out) == [], f"lines a user does not need:\n{out[-4000:]}"
+    assert out.count("Ray cluster at") == 1
+    assert f"Ray cluster at {cluster}: buffer actor cartpole_dqn" in out
+    assert "fit stopped at step 30" in out
+    assert run.actor is not None and len(run.tree.seen) >= 3  # the ranks and the actor
+    assert run.left_running() == {}

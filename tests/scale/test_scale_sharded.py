@@ -165,6 +165,10 @@ def test_datamodule_trains_from_the_shards_and_their_priorities_change(prioritiz
     rb = prioritized
     _fill_unevenly(rb)
     assert isinstance(resolve_buffer(rb), ShardedBuffer)
+    address = ray.get_runtime_context().gcs_address
+    assert (
+        resolve_buffer(rb).where() == f"Ray cluster at {address}: 2 buffer shard actors (unnamed)"
+    )
     dm = ReplayBufferDataModule(rb, batch_size=16, num_batches=None)
     trainer = L.Trainer(
         max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False
