@@ -8,6 +8,7 @@ buffer by name, as separate machines would.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from functools import partial
@@ -229,4 +230,20 @@ def test_the_ray_config_prints_only_what_a_user_reads_and_leaves_nothing(cluster
     assert "fit stopped at step 30" in out
     assert run.actor is not None and len(run.tree.seen) >= 3  # the ranks and the actor
     assert run.left_running() == {}
-    assert left_behind(before) == []
+    assert left_behind(before, run.tree.mapped) == []
+
+
+def test_a_killed_ray_config_run_leaves_nothing(cluster, tmp_path):
+    pytest.importorskip("gymnasium")
+    before = semaphores()
+    run = _RayConfigRun(cluster, tmp_path, "--trainer.max_steps=100000")
+    try:
+        # Killed while training: the collector's 1,000 warm-up frames are in the buffer.
+        assert run.watch(until=lambda: run.actor_len() >= 1_000), run.text()[-3000:]
+        assert run.process.poll() is None, run.text()[-3000:]
+        run.watch(timeout=2)  # both ranks started by now
+    finally:
+        os.killpg(run.process.pid, signal.SIGKILL)
+    run.process.wait(timeout=30)
+    assert run.left_running() == {}
+    assert left_behind(before, run.tree.mapped) == []
