@@ -5,9 +5,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from leftovers import left_behind, semaphores
 from rb_testdata import make_transitions
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
@@ -103,3 +105,30 @@ def _name_group_in_id(config: pytest.Config, item: pytest.Item, group: str) -> N
     except ImportError:
         return
     item._id = coerce_node_id(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+
+
+#: ``/dev/shm/sem.mp-*`` when the session started (tests/leftovers.py).
+_SEMAPHORES_BEFORE = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_SEMAPHORES_BEFORE] = semaphores()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say how many named semaphores the session left in ``/dev/shm`` (a process that ended
+    without removing them: a killed one whose resource tracker died too, a Ray actor).
+
+    Reported, not failed: another session on this machine may leave some meanwhile.
+    """
+    before = config.stash.get(_SEMAPHORES_BEFORE, None)
+    if before is None:
+        return
+    left = left_behind(before)
+    if left:
+        terminalreporter.write_line(
+            f"/dev/shm: {len(left)} named semaphores (sem.mp-*) made during this session are "
+            "left with no process holding them (by this session's processes, or another's "
+            "on this machine; tests/leftovers.py)",
+            yellow=True,
+        )

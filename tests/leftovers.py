@@ -9,15 +9,17 @@ there until the machine restarts.
 
 An entry counts as left behind when no live process has it mapped (the inode in some
 ``/proc/<pid>/maps``): the semaphores of processes that still run, another test's, are
-not counted.
+not counted. A test that watches its run's processes (:class:`ProcessTree`) counts only
+what they held, not what another process on the machine leaves meanwhile.
 
-``left_behind(before)`` after a run, with ``before = semaphores()`` taken before it.
+``left_behind(before, tree.mapped)`` after a run, with ``before = semaphores()`` taken
+before it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -36,14 +38,20 @@ def semaphores() -> dict[str, int]:
     return found
 
 
-def mapped_inodes() -> set[int]:
-    """Inodes of the ``/dev/shm/sem.*`` files some live process has mapped.
+def mapped_inodes(pids: Iterable[int] | None = None) -> set[int]:
+    """Inodes of the ``/dev/shm/sem.*`` files the processes ``pids`` (default: every live
+    process) have mapped.
 
     glibc's ``sem_open`` maps a temporary file and links it to the final name, so a map
     shows another name (``sem.XXXXXX (deleted)``) with the same inode.
     """
+    paths = (
+        Path("/proc").glob("[0-9]*/maps")
+        if pids is None
+        else (Path(f"/proc/{pid}/maps") for pid in pids)
+    )
     inodes = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
+    for maps in paths:
         try:
             text = maps.read_text()
         except OSError:  # the process ended, or is not ours to read
@@ -55,14 +63,18 @@ def mapped_inodes() -> set[int]:
     return inodes
 
 
-def left_behind(before: dict[str, int]) -> list[str]:
-    """Entries made since ``before`` that no live process holds (checked twice, 1 s apart:
-    a semaphore being made right now is linked before it is mapped)."""
+def left_behind(before: dict[str, int], made_by: set[int] | None = None) -> list[str]:
+    """Entries made since ``before`` that no live process holds, of those whose inodes are in
+    ``made_by`` (:attr:`ProcessTree.mapped`: what a run's processes held, not what another
+    process on the machine leaves meanwhile); default: of all. Checked twice, 1 s apart: a
+    semaphore being made right now is linked before it is mapped."""
 
     def unheld() -> set[str]:
         held = mapped_inodes()
         return {
-            name for name, inode in semaphores().items() if name not in before and inode not in held
+            name
+            for name, inode in semaphores().items()
+            if name not in before and inode not in held and (made_by is None or inode in made_by)
         }
 
     first = unheld()
@@ -73,14 +85,17 @@ def left_behind(before: dict[str, int]) -> list[str]:
 
 
 class ProcessTree:
-    """The processes under ``root`` (its descendants, seen each time :meth:`look` runs).
+    """The processes under ``root`` (its descendants, seen each time :meth:`look` runs, and
+    those given to :meth:`add`), and the named semaphores they hold.
 
-    ``seen`` maps each one (pid and start time: a pid may be reused) to its command line.
+    ``seen`` maps each one (pid and start time: a pid may be reused) to its command line;
+    ``mapped`` holds the inodes of the ``/dev/shm/sem.*`` files they had mapped.
     """
 
     def __init__(self, root: int) -> None:
         self.root = root
         self.seen: dict[tuple[int, float], str] = {}
+        self.mapped: set[int] = set()
         self.look()
 
     def look(self) -> None:
@@ -88,9 +103,10 @@ class ProcessTree:
             processes = [psutil.Process(self.root)]
             processes += processes[0].children(recursive=True)
         except psutil.NoSuchProcess:
-            return
+            processes = []
         for process in processes:
             self.add(process)
+        self.mapped |= mapped_inodes(pid for pid, started in self.seen if _running(pid, started))
 
     def add(self, process: psutil.Process) -> None:
         try:

@@ -45,6 +45,7 @@ from rb_lightning.buffers.priorities import (
     check_priority,
     current_max_priority,
 )
+from rb_lightning.distributed.actor_process import semaphore_names_released
 from rb_lightning.errors import SampleTimeoutError, UsageError
 from rb_lightning.stream.remote_prefetch import (
     DEFAULT_BATCHES_PER_REQUEST,
@@ -195,6 +196,23 @@ def _find_actor(
 # -- the actor's process --------------------------------------------------------------------
 
 
+def release_semaphore_names(replay_buffer: RayReplayBuffer) -> int:
+    """Have the buffer's actor remove its semaphore names from ``/dev/shm`` (how many it did).
+
+    A torchrl buffer in a Ray actor holds five ``multiprocessing`` values, each a named
+    semaphore (torchrl sets the spawn start method), and Ray ends actors without the
+    finalizers that would remove the names: each actor left five ``/dev/shm/sem.mp-*``
+    entries for good. The actor needs no names (it shares its semaphores with no other
+    process): see :mod:`rb_lightning.distributed.actor_process`. A
+    :class:`~rb_lightning.ReplayBufferDataModule` calls this in ``setup``; call it
+    yourself for a Ray buffer built outside one (a collector script's own owner).
+    """
+    import ray
+
+    actor = live_actor(replay_buffer)
+    return int(ray.get(actor.__ray_call__.remote(semaphore_names_released())))
+
+
 def where_it_runs(replay_buffer: RayReplayBuffer) -> str:
     """One line for a run's output: ``Ray cluster at <address>: buffer actor <name>``."""
     import ray
@@ -275,6 +293,7 @@ __all__ = [
     "dump_in_actor",
     "load_in_actor",
     "named_actor_config",
+    "release_semaphore_names",
     "remote_build",
     "where_it_runs",
 ]

@@ -69,7 +69,11 @@ class RemoteBuffer(BufferHandle):
         return where_it_runs(self.replay_buffer)
 
     def prepare(self, num_workers: int) -> None:
-        """Nothing to prepare: the actor owns the sampler and its generator."""
+        """The actor owns the sampler and its generator; its process drops its semaphore
+        names (:func:`~rb_lightning.distributed.ray.release_semaphore_names`)."""
+        from rb_lightning.distributed.ray import release_semaphore_names
+
+        release_semaphore_names(self.replay_buffer)
 
     def reseed(self, seed: int) -> None:
         """Left alone: re-seeding the one shared sampler from each process would reset it."""

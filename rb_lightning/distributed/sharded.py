@@ -52,6 +52,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.buffers.priorities import InvalidPriority, check_priority
+from rb_lightning.distributed.actor_process import semaphore_names_released
 from rb_lightning.distributed.ray_checkpoint import (
     RemoteDumpRequest,
     remote_buffer_state,
@@ -160,7 +161,11 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         actor_cls: Any = ray.remote(**options)(shard_actor_class())
         seed = self._seed * 1_000 + shard  # each shard samples its own stream
         settings = (self.stride, self.prioritized, self.alpha, self.beta, self.eps, seed)
-        return actor_cls.remote(*settings)
+        actor = actor_cls.remote(*settings)
+        # Its process keeps no semaphore name in /dev/shm (actor_process); the call runs
+        # before this process's next call to the actor.
+        actor.__ray_call__.remote(semaphore_names_released())
+        return actor
 
     # -- what a ReplayBuffer answers ---------------------------------------------------------
     def buffer_handle(self) -> ShardedBuffer:
@@ -525,6 +530,9 @@ class ShardedBuffer(RemoteBuffer):
         names = f"{rb.name}.0-{rb.num_shards - 1}" if rb.name is not None else "(unnamed)"
         address = ray.get_runtime_context().gcs_address
         return f"Ray cluster at {address}: {rb.num_shards} buffer shard actors {names}"
+
+    def prepare(self, num_workers: int) -> None:
+        """Nothing: each shard's process removed its semaphore names when it was made."""
 
     def update_priority(
         self, batch: TensorDictBase, priority: torch.Tensor, *, invalid: InvalidPriority, where: str

@@ -40,7 +40,7 @@ from rb_lightning.runs.config_errors import (
     parse_error,
 )
 from rb_lightning.runs.model_summary import RunModelSummary
-from rb_lightning.runs.progress import StepProgressBar
+from rb_lightning.runs.progress import StepProgressBar, progress_bars_lock_threads_only
 from rb_lightning.runs.report import RunReport
 from rb_lightning.runs.run_dirs import (
     check_extends,
@@ -377,6 +377,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> ReplayBufferCLI:
     """
     skip_unloadable_nvml()
     quiet_run_log()
+    progress_bars_lock_threads_only()
     stop_at_once_on_ctrl_c()
     try:
         typed = list(sys.argv[1:] if args is None else args)

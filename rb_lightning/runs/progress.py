@@ -21,14 +21,29 @@ the end with the final values: ``step 1,200/60,000 (2%) | 118.3 steps/s | loss=0
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
+import tqdm.std
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
-__all__ = ["StepProgressBar"]
+__all__ = ["StepProgressBar", "progress_bars_lock_threads_only"]
+
+
+def progress_bars_lock_threads_only() -> None:
+    """Give tqdm a thread lock before its first bar, instead of its multiprocessing one.
+
+    tqdm's default lock holds a ``multiprocessing.RLock``, for bars drawn by processes
+    forked after it; under the spawn start method (torchrl's) that is a named semaphore,
+    ``/dev/shm/sem.mp-*``, one per process that draws a bar (every DDP rank makes one),
+    left there for good when the run is killed with its resource tracker. A run's bars
+    are drawn by its main process only. Leaves a lock tqdm already has alone.
+    """
+    if "_lock" not in vars(tqdm.std.tqdm):
+        tqdm.std.tqdm.set_lock(threading.RLock())
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -25,19 +25,25 @@ from rb_lightning.errors import UsageError
 from rb_lightning.stream.remote_prefetch import RemoteSampleQueue, drained
 
 ray = pytest.importorskip("ray")
-from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import (  # noqa: E402
+    RayReplayBufferView,
+    named_actor_config,
+    release_semaphore_names,
+)
 
 pytestmark = pytest.mark.ray
 
 
 def _owner(name: str, capacity: int, *, generations: bool = True, sampler=None) -> ReplayBuffer:
-    return ReplayBuffer(
+    owner = ReplayBuffer(
         storage=partial(LazyTensorStorage, capacity),
         sampler=sampler or partial(PrioritizedSampler, capacity, alpha=1.0, beta=0.5),
         writer=partial(RoundRobinWriter, track_generations=generations),
         service_backend="ray",
         service_backend_options={"remote_config": named_actor_config(name)},
     )
+    release_semaphore_names(owner)  # an owner outside a DataModule, as a script's
+    return owner
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ buffer by name, as separate machines would.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from functools import partial
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from leftovers import ProcessTree, still_alive, wait_for
+from leftovers import ProcessTree, left_behind, semaphores, still_alive, wait_for
 from run_output import unexpected_lines
 from script_runs import REPO, finish_script, rank_results, run_script, start_script
 from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
@@ -25,7 +26,11 @@ from rb_lightning import ReplayBufferDataModule
 from rb_lightning.distributed.ray_checkpoint import RemoteDumpRequest
 
 ray = pytest.importorskip("ray")
-from rb_lightning.distributed.ray import RayReplayBufferView, named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import (  # noqa: E402
+    RayReplayBufferView,
+    named_actor_config,
+    release_semaphore_names,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -33,12 +38,14 @@ TOTAL = 400
 
 
 def _owner(name: str, capacity: int = 1_000) -> ReplayBuffer:
-    return ReplayBuffer(
+    owner = ReplayBuffer(
         storage=partial(LazyTensorStorage, capacity),
         sampler=partial(PrioritizedSampler, capacity, alpha=1.0, beta=0.5),
         service_backend="ray",
         service_backend_options={"remote_config": named_actor_config(name)},
     )
+    release_semaphore_names(owner)  # an owner outside a DataModule, as a script's
+    return owner
 
 
 def test_ddp_ranks_sample_one_buffer_a_collector_fills(cluster, tmp_path):
@@ -209,8 +216,9 @@ class _RayConfigRun:
         return still_alive(self.tree.seen, timeout=30)
 
 
-def test_the_ray_config_prints_only_what_a_user_reads(cluster, tmp_path):
+def test_the_ray_config_prints_only_what_a_user_reads_and_leaves_nothing(cluster, tmp_path):
     pytest.importorskip("gymnasium")
+    before = semaphores()
     run = _RayConfigRun(cluster, tmp_path, "--trainer.max_steps=30")
     run.watch()
     run.process.wait(timeout=300)
@@ -222,3 +230,20 @@ def test_the_ray_config_prints_only_what_a_user_reads(cluster, tmp_path):
     assert "fit stopped at step 30" in out
     assert run.actor is not None and len(run.tree.seen) >= 3  # the ranks and the actor
     assert run.left_running() == {}
+    assert left_behind(before, run.tree.mapped) == []
+
+
+def test_a_killed_ray_config_run_leaves_nothing(cluster, tmp_path):
+    pytest.importorskip("gymnasium")
+    before = semaphores()
+    run = _RayConfigRun(cluster, tmp_path, "--trainer.max_steps=100000")
+    try:
+        # Killed while training: the collector's 1,000 warm-up frames are in the buffer.
+        assert run.watch(until=lambda: run.actor_len() >= 1_000), run.text()[-3000:]
+        assert run.process.poll() is None, run.text()[-3000:]
+        run.watch(timeout=2)  # both ranks started by now
+    finally:
+        os.killpg(run.process.pid, signal.SIGKILL)
+    run.process.wait(timeout=30)
+    assert run.left_running() == {}
+    assert left_behind(before, run.tree.mapped) == []

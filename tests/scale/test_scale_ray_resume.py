@@ -25,7 +25,7 @@ from rb_lightning.buffers.reader import open_saved_buffer
 from rb_lightning.errors import BufferCheckpointError
 
 ray = pytest.importorskip("ray")
-from rb_lightning.distributed.ray import named_actor_config  # noqa: E402
+from rb_lightning.distributed.ray import named_actor_config, release_semaphore_names  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -44,6 +44,7 @@ def _owner(name: str, sampler: str = "prioritized", fill: int = 40) -> ReplayBuf
         service_backend="ray",
         service_backend_options={"remote_config": named_actor_config(name)},
     )
+    release_semaphore_names(rb)  # an owner outside a DataModule, as a script's
     if fill:
         rb.extend(id_items(torch.arange(fill)))
     return rb

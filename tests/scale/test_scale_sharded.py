@@ -17,6 +17,7 @@ from rb_lightning import ReplayBufferDataModule
 ray = pytest.importorskip("ray")
 from rb_lightning.buffers.handles import resolve_buffer  # noqa: E402
 from rb_lightning.distributed import ShardedRayReplayBuffer  # noqa: E402
+from rb_lightning.distributed.actor_process import semaphore_names_released  # noqa: E402
 from rb_lightning.distributed.sharded import ShardedBuffer  # noqa: E402
 from rb_lightning.errors import BufferCheckpointError  # noqa: E402
 
@@ -169,6 +170,9 @@ def test_datamodule_trains_from_the_shards_and_their_priorities_change(prioritiz
     assert (
         resolve_buffer(rb).where() == f"Ray cluster at {address}: 2 buffer shard actors (unnamed)"
     )
+    # Each shard's process removed its semaphore names when it was made: none left to remove.
+    release = semaphore_names_released()
+    assert ray.get([shard.__ray_call__.remote(release) for shard in rb._shards]) == [0, 0]
     dm = ReplayBufferDataModule(rb, batch_size=16, num_batches=None)
     trainer = L.Trainer(
         max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False
