@@ -38,8 +38,8 @@ class StopAtGoal(Callback):
 
     The module must have an ``evaluation`` (:class:`~rb_lightning.rl.Evaluation`), as
     :class:`~rb_lightning.rl.DQN` and :class:`~rb_lightning.rl.SAC` do. Logged:
-    ``goal_return``, the mean of the last evaluation. Every rank evaluates the same
-    weights on the same seeds, so all stop together.
+    ``goal_return``, the mean of the last evaluation. Under DDP a rank at the goal makes
+    every rank evaluate (the same weights on the same seeds), so all stop together.
     """
 
     def __init__(self, threshold: float, monitor: str = "episode_return", mode: str = "max") -> None:
@@ -60,8 +60,13 @@ class StopAtGoal(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Evaluate the greedy policy when the training return reaches the goal; stop if it does too."""
-        trained = trainer.callback_metrics.get(self.monitor)
-        if trained is None or not math.isfinite(float(trained)) or not self._reached(float(trained)):
+        metric = trainer.callback_metrics.get(self.monitor)
+        trained = math.nan if metric is None else float(metric)
+        reached = math.isfinite(trained) and self._reached(trained)
+        # Ranks collect their own episodes, so their training returns differ: one rank at the
+        # goal makes every rank evaluate (the same weights on the same seeds), and all stop
+        # together or none does (a rank stopping alone would hang the others).
+        if not trainer.strategy.reduce_boolean_decision(bool(reached), all=False):
             return
         evaluation = getattr(pl_module, "evaluation", None)
         if not isinstance(evaluation, Evaluation):
@@ -75,14 +80,14 @@ class StopAtGoal(Callback):
         returns = [evaluation.run_episode(pl_module, seed) for seed in evaluation.seeds("validate")]
         self.last_return = sum(returns) / len(returns)
         self.evaluations += 1
-        pl_module.log("goal_return", self.last_return, batch_size=1)
+        pl_module.log("goal_return", self.last_return, batch_size=1, sync_dist=True)
         if self._reached(self.last_return):
             trainer.should_stop = True
             sign = ">=" if self.mode == "max" else "<="
             self.stop_reason = (
                 f"goal reached, greedy return {self.last_return:.2f} {sign} {self.threshold:g} "
                 f"over {len(returns)} evaluation episodes (training {self.monitor} "
-                f"{float(trained):.2f})"
+                f"{trained:.2f})"
             )
 
     def state_dict(self) -> dict[str, Any]:
