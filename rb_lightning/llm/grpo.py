@@ -188,10 +188,11 @@ class GRPOModule(L.LightningModule):
         self.save_hyperparameters(ignore=["task"])
         if isinstance(self.hparams.get("config"), PretrainedConfig):  # not the CLI's own record
             self.hparams["config"] = config.to_dict()
-        # Taking the loader's iterator (training_step(dataloader_iter)) is what keeps Lightning
-        # from sampling a batch before this step's generation; Lightning warns that the
-        # signature is experimental, which a user of this module can do nothing about.
-        for message in ("Found `dataloader_iter` argument", "You are using the `dataloader_iter`"):
+        # Lightning's notes a user of this module can do nothing about: training_step takes the
+        # loader's iterator (so no batch is sampled before this step's generation), and
+        # validation is optional (a val_buffer of prompts).
+        for message in ("Found `dataloader_iter` argument", "You are using the `dataloader_iter`",
+                        "You defined a `validation_step` but have no `val_dataloader`"):  # fmt: skip
             warnings.filterwarnings("ignore", message=message)
         self.model = AutoModelForCausalLM.from_config(config)
         self.num_generations, self.max_new_tokens = num_generations, max_new_tokens
@@ -217,7 +218,7 @@ class GRPOModule(L.LightningModule):
         if beta > 0:
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.reward_names = list(rewards if rewards is not None else DEFAULT_REWARDS)
-        self.reward_functions = [resolve_callable(name) for name in self.reward_names]
+        self.reward_functions = [resolve_callable(name, "rewards") for name in self.reward_names]
         self.prompts_per_step = prompts_per_step
         self._buffer: ReplayBuffer | None = None
         self._sampler: GroupSampler | None = None
@@ -280,6 +281,8 @@ class GRPOModule(L.LightningModule):
             rank_zero_info(
                 "GRPO starts from scratch: random weights, which cannot learn arithmetic from a "
                 "reward alone. Pass --model.init_from <last.ckpt of configs/llm_sft.yaml>."
+                if isinstance(self.task, ArithmeticTask)
+                else "GRPO starts from scratch: random weights, no init_from."
             )
         else:
             rank_zero_info(f"GRPO starts from the weights of {self.init_from}")

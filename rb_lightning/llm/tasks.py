@@ -40,7 +40,7 @@ PromptFunction = Callable[[int, torch.Generator], list[str]]
 
 def _callable(value: Any, argument: str) -> Any:
     if isinstance(value, str):
-        return resolve_callable(value)
+        return resolve_callable(value, argument)
     if not callable(value):
         raise ArgumentTypeError(
             argument,
@@ -71,12 +71,14 @@ class PromptTask:
 
     def __init__(
         self,
-        prompts: Sequence[str] | PromptFunction | str,
+        # Any: a "module:function" string reaches the task as it is (jsonargparse would try
+        # a Callable type first, and warn that it cannot serialize it); the types are above.
+        prompts: Any,
         tokenizer: Any,
-        correct: Callable[[str, str], bool] | str | None = None,
+        correct: Any = None,
     ) -> None:
         if isinstance(prompts, str):
-            self._prompts: Sequence[str] | PromptFunction = resolve_callable(prompts)
+            self._prompts: Sequence[str] | PromptFunction = resolve_callable(prompts, "prompts")
         elif callable(prompts):
             self._prompts = prompts
         else:

@@ -177,8 +177,10 @@ class CallSource(BufferSource):
         return f"CallSource(function={self.function!r}, kwargs={self.kwargs!r})"
 
 
-def resolve_callable(spec: str) -> Callable[..., Any]:
+def resolve_callable(spec: str, argument: str = "function") -> Callable[..., Any]:
     """Import ``"package.module:attr.path"`` and return the callable it names.
+
+    ``argument``: the argument the path was given as, named in the errors.
 
     Examples:
         >>> resolve_callable("os.path:join")("a", "b")
@@ -187,27 +189,27 @@ def resolve_callable(spec: str) -> Callable[..., Any]:
     module_name, sep, attr_path = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not (sep and module_name and attr_path):
         raise UsageError(
-            "function",
-            f"function={spec!r} must be 'package.module:function', with a colon between the "
+            argument,
+            f"{argument}={spec!r} must be 'package.module:function', with a colon between the "
             "module to import and the name in it, e.g. 'rb_lightning.llm.data:fill_arithmetic_buffer'.",
         )
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as err:
         raise ImportError(
-            f"function={spec!r}: cannot import module {module_name!r} ({err}). Check the "
+            f"{argument}={spec!r}: cannot import module {module_name!r} ({err}). Check the "
             "spelling, and that the module is on PYTHONPATH (run from the project root)."
         ) from None
     for part in attr_path.split("."):
         if not hasattr(target, part):
             raise ImportError(
-                f"function={spec!r}: {getattr(target, '__name__', target)!r} has no attribute "
+                f"{argument}={spec!r}: {getattr(target, '__name__', target)!r} has no attribute "
                 f"{part!r}. Check the name after the colon."
             )
         target = getattr(target, part)
     if not callable(target):
         raise ArgumentTypeError(
-            "function", f"function={spec!r} names a {type(target).__name__}, not a callable."
+            argument, f"{argument}={spec!r} names a {type(target).__name__}, not a callable."
         )
     return target
 

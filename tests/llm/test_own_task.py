@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from grpo_probe import column, metrics
+from run_output import unexpected_lines
 
 pytestmark = pytest.mark.hf
 trl = pytest.importorskip("trl")
@@ -50,6 +51,9 @@ def test_the_pages_task_trains_exports_and_continues_in_trl(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    # Only what a user reads (before: jsonargparse warned it could not serialize the
+    # "module:function" paths, and Lightning that validation_step had no loader).
+    assert unexpected_lines(done.stdout + done.stderr) == []
     run = tmp_path / "runs" / "reverse" / "version_0"
     rewards = list(column(metrics(run), "reward_mean").values())
     assert len(rewards) == 60
