@@ -314,7 +314,7 @@ class OnlineCollector(Callback):
             self._iterator = iter(self.collector)
         if self._rate_limiter is not None:
             self._rate_limiter.insert_on_demand(self._collect_on_demand)
-        self._telemetry.start(trainer.global_step)
+        self._telemetry = CollectionTelemetry()  # a clock per fit, from its first step
 
     def _start_background(self, env: EnvBase, seed: int, version: int) -> None:
         assert self._policy is not None

@@ -34,7 +34,7 @@ class CollectionTelemetry:
         self._clock: tuple[float, int] | None = None
 
     def start(self, step: int) -> None:
-        """Start the throughput clock (at the first step of this process)."""
+        """Start the throughput clock (done by the first :meth:`log` of this process)."""
         self._clock = (time.perf_counter(), step)
 
     def log(
@@ -63,8 +63,14 @@ class CollectionTelemetry:
         last_of_fit = 0 < trainer.max_steps <= step
         if (on_cadence or last_of_epoch or last_of_fit) and not math.isnan(mean_return):
             log("episode_return", mean_return, prog_bar=True)
-        if not on_cadence or self._clock is None:
+        if self._clock is None:
+            # Started by the first step of this process: on_fit_start comes before Lightning
+            # restores a resumed run's global step (a clock started there counted every step
+            # of the run before the resume: samples_per_s 8x too high in its first row).
+            self.start(step)
+        if not on_cadence:
             return
+        assert self._clock is not None
         now, (then, then_step) = time.perf_counter(), self._clock
         rows = batch.batch_size[0] if isinstance(batch, TensorDictBase) and batch.batch_dims else 1
         log("samples_per_s", (step - then_step) * rows / max(now - then, 1e-9))
