@@ -32,7 +32,19 @@ Columns:
 - ``fit (s)``: the program's own clock, from its summary line (``fit stopped at step
   ... after X s``): ours times ``Trainer.fit`` (``RunReport``: fit start to fit end);
   the reference times its run function (start to the moment the goal was reached).
-- ``steps/s``: ``steps / fit (s)``: the training loop's rate.
+- ``steps/s``: ``steps / fit (s)``: the training loop's rate (per rank: DDP ranks step
+  together).
+- ``CPU s / 1k steps``: user + system CPU of the run's processes (every rank, the
+  collector's worker) per 1,000 steps; for ``ours_ray`` also the Ray head's processes
+  (``gcs_server``, ``raylet``, the buffer actor). On a busy machine wall times stretch,
+  CPU per step much less: it says what a step costs, wherever the time went.
+
+``ours_ray`` (CartPole): ``configs/cartpole_dqn_ray.yaml`` against a private Ray head
+that this script starts once, before the first seed (``benchmarks/ray_head.py``: ``ray
+start --head --block`` with its own temp directory and token), as a user's ``ray start``;
+the head's start is not in any run's wall time::
+
+    python benchmarks/time_to_goal.py --task cartpole --runs ours ours_ray --seeds 0 1 2 3 4
 
 Summary rows: the median of each column over the seeds of each side, and ``ours /
 reference``, the ratio of those medians for wall time and frames (below 1: ours is
@@ -70,12 +82,15 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +103,10 @@ REFERENCE_SCRIPT = ROOT / "benchmarks" / "reference_agents.py"
 # (benchmarks/sb3_anchor.py; needs `pip install stable-baselines3`).
 REFERENCE_SIDES = ("template", "reference", "sb3")
 # "ours_async": the task's asynchronous twin config (acting in a worker process).
-SIDES = (*REFERENCE_SIDES, "ours", "ours_async")
+# "ours_ray": the task's Ray config (two DDP ranks, the buffer in a Ray actor), run against
+# a private Ray head this script starts once (benchmarks/ray_head.py), as a user's cluster.
+SIDES = (*REFERENCE_SIDES, "ours", "ours_async", "ours_ray")
+OURS = ("ours", "ours_async", "ours_ray")
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,7 @@ class Task:
     max_steps: int  # reference safety cap (gradient steps); ours has its config's max_steps
     quick_steps: int  # both sides, under --quick
     async_config: str | None = None  # the "ours_async" side
+    ray_config: str | None = None  # the "ours_ray" side
 
 
 TASKS = {
@@ -115,6 +134,7 @@ TASKS = {
         200_000,
         300,
         "configs/cartpole_dqn_async.yaml",
+        "configs/cartpole_dqn_ray.yaml",
     ),
     "pendulum": Task(
         "pendulum",
@@ -143,6 +163,7 @@ class RunResult:
     steps: int | None = None
     fit_seconds: float | None = None
     reason: str | None = None
+    cpu: float | None = None  # CPU seconds of the run's processes (and the Ray head's)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -150,6 +171,12 @@ class RunResult:
         if self.steps is None or not self.fit_seconds:
             return None
         return self.steps / self.fit_seconds
+
+    @property
+    def cpu_per_1k_steps(self) -> float | None:
+        if self.cpu is None or not self.steps:
+            return None
+        return 1000 * self.cpu / self.steps
 
 
 # --------------------------------------------------------------------------------------
@@ -281,7 +308,7 @@ def _command(task: Task, side: str, seed: int, save_dir: Path, cap: int | None) 
         "train.py",
         "fit",
         "--config",
-        task.async_config if side == "ours_async" else task.config,
+        {"ours_async": task.async_config, "ours_ray": task.ray_config}.get(side) or task.config,
         "--seed_everything",
         str(seed),
         f"--trainer.logger.init_args.save_dir={save_dir}",
@@ -300,12 +327,15 @@ def run_one(
     scratch: Path,
     timeout: float,
     log_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    other_cpu: Callable[[], float] | None = None,
 ) -> RunResult:
     """Run one seed of one side in a fresh interpreter and read back where it got."""
     save_dir = scratch / f"{task.name}_{side}_seed{seed}"
     save_dir.mkdir(parents=True, exist_ok=True)
     command = _command(task, side, seed, save_dir, cap)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    cpu_before = _children_cpu() + (other_cpu() if other_cpu else 0.0)
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -320,6 +350,7 @@ def run_one(
 
         stdout, stderr = text(expired.stdout), text(expired.stderr)
     wall = time.perf_counter() - started
+    cpu = _children_cpu() + (other_cpu() if other_cpu else 0.0) - cpu_before
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{task.name}_{side}_seed{seed}.log"
@@ -328,7 +359,7 @@ def run_one(
             f"## stdout\n{stdout}\n## stderr\n{stderr}"
         )
 
-    result = RunResult(side, seed, returncode, wall)
+    result = RunResult(side, seed, returncode, wall, cpu=cpu)
     summary = parse_summary(stdout) or parse_summary(stderr)
     if summary:
         result.steps = summary.get("step")  # type: ignore[assignment]
@@ -339,7 +370,7 @@ def run_one(
         result.frames = summary.get("frames")  # type: ignore[assignment]
     else:
         result.notes.append("no summary line")
-    if side in ("ours", "ours_async") and (
+    if side in OURS and (
         result.frames is None or result.steps is None or result.mean_return is None
     ):
         logged = read_metrics_csv(save_dir)
@@ -365,9 +396,16 @@ def run_one(
 # --------------------------------------------------------------------------------------
 
 HEADER = (
-    "| run | seed | reached | return | frames | steps | wall (s) | fit (s) | steps/s |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| run | seed | reached | return | frames | steps | wall (s) | fit (s) | steps/s "
+    "| CPU s / 1k steps |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
+
+
+def _children_cpu() -> float:
+    """User + system CPU of this script's finished subprocesses and what they waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _fmt(value: float | None, digits: int = 1, thousands: bool = False) -> str:
@@ -398,6 +436,7 @@ def format_table(task: Task, results: list[RunResult]) -> str:
         "sb3": "Stable-Baselines3 DQN, rl-zoo hyperparameters (stops on 10 greedy episodes)",
         "ours": f"ours (`{task.config}`)",
         "ours_async": f"ours, asynchronous (`{task.async_config}`)",
+        "ours_ray": f"ours, Ray buffer, 2 DDP ranks (`{task.ray_config}`)",
     }
     rows = [f"### {task.name}: time to mean return ≥ {task.goal:g} over 10 episodes", "", HEADER]
     for r in sorted(results, key=lambda r: (SIDES.index(r.side), r.seed)):
@@ -407,7 +446,8 @@ def format_table(task: Task, results: list[RunResult]) -> str:
         rows.append(
             f"| {labels[r.side]} | {r.seed} | {reached} | {_fmt(r.mean_return)} "
             f"| {_fmt(r.frames, thousands=True)} | {_fmt(r.steps, thousands=True)} "
-            f"| {_fmt(r.wall)} | {_fmt(r.fit_seconds)} | {_fmt(r.steps_per_s, 0)} |"
+            f"| {_fmt(r.wall)} | {_fmt(r.fit_seconds)} | {_fmt(r.steps_per_s, 0)} "
+            f"| {_fmt(r.cpu_per_1k_steps, 2)} |"
         )
     medians: dict[str, dict[str, float | None]] = {}
     for side in SIDES:
@@ -421,23 +461,26 @@ def format_table(task: Task, results: list[RunResult]) -> str:
             "wall": _median([r.wall for r in mine]),
             "fit": _median([r.fit_seconds for r in mine]),
             "rate": _median([r.steps_per_s for r in mine]),
+            "cpu": _median([r.cpu_per_1k_steps for r in mine]),
         }
         medians[side] = m
         count = sum(bool(r.reached) for r in mine)
         rows.append(
             f"| **median**, {side} | – | {count}/{len(mine)} | {_fmt(m['return'])} "
             f"| {_fmt(m['frames'], thousands=True)} | {_fmt(m['steps'], thousands=True)} "
-            f"| {_fmt(m['wall'])} | {_fmt(m['fit'])} | {_fmt(m['rate'], 0)} |"
+            f"| {_fmt(m['wall'])} | {_fmt(m['fit'])} | {_fmt(m['rate'], 0)} "
+            f"| {_fmt(m['cpu'], 2)} |"
         )
     pairs = [(mine, side) for mine in ("ours", "ours_async") for side in REFERENCE_SIDES]
-    for mine, side in [*pairs, ("ours_async", "ours")]:
+    for mine, side in [*pairs, ("ours_async", "ours"), ("ours_ray", "ours")]:
         if side not in medians or mine not in medians:
             continue
         ref, ours = medians[side], medians[mine]
         rows.append(
             f"| **{mine} / {side}** | – | – | – | {_ratio(ours['frames'], ref['frames'])} "
             f"| {_ratio(ours['steps'], ref['steps'])} | {_ratio(ours['wall'], ref['wall'])} "
-            f"| {_ratio(ours['fit'], ref['fit'])} | {_ratio(ours['rate'], ref['rate'])} |"
+            f"| {_ratio(ours['fit'], ref['fit'])} | {_ratio(ours['rate'], ref['rate'])} "
+            f"| {_ratio(ours['cpu'], ref['cpu'])} |"
         )
     return "\n".join(rows)
 
@@ -493,10 +536,18 @@ def main(argv: list[str] | None = None) -> str:
                 if side in args.runs
                 and not (side in ("template", "sb3") and task.reference_agent != "dqn")
                 and not (side == "ours_async" and task.async_config is None)
+                and not (side == "ours_ray" and task.ray_config is None)
             ]
+            stack = ExitStack()
+            head = None
+            if "ours_ray" in sides:
+                from ray_head import private_ray_head
+
+                head = stack.enter_context(private_ray_head())
             for seed in args.seeds:
                 for side in sides:
                     print(f"[{task.name}] {side} seed {seed} ...", file=sys.stderr, flush=True)
+                    ray = side == "ours_ray" and head is not None
                     result = run_one(
                         task,
                         side,
@@ -505,6 +556,8 @@ def main(argv: list[str] | None = None) -> str:
                         scratch=scratch,
                         timeout=args.timeout,
                         log_dir=args.log_dir,
+                        extra_env=head.env if ray and head else None,
+                        other_cpu=head.cpu_seconds if ray and head else None,
                     )
                     print(
                         f"[{task.name}] {side} seed {seed}: reached={result.reached} "
@@ -513,6 +566,7 @@ def main(argv: list[str] | None = None) -> str:
                         flush=True,
                     )
                     results.append(result)
+            stack.close()
             sections.append(format_table(task, results))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -438,7 +438,7 @@ class OnlineCollector(Callback):
             self._collect()
         self._telemetry.log(
             trainer, pl_module, batch, batch_idx, mean_return=self.mean_return,
-            frames=self.frames, buffer_size=len(self._buffer), limiter=self._rate_limiter,
+            frames=self.frames, buffer_size=lambda: len(self._buffer), limiter=self._rate_limiter,
         )  # fmt: skip
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
@@ -46,10 +47,14 @@ class CollectionTelemetry:
         *,
         mean_return: float,
         frames: int,
-        buffer_size: int,
+        buffer_size: Callable[[], int],
         limiter: SamplesPerInsert | None,
     ) -> None:
-        """Log this step's numbers (the replay counters only with a rate limiter)."""
+        """Log this step's numbers (the replay counters only with a rate limiter).
+
+        ``buffer_size`` is called on the logging cadence only: for a Ray buffer it is a
+        round trip to the actor, which every step would pay for.
+        """
 
         def log(name: str, value: float, prog_bar: bool = False) -> None:
             pl_module.log(
@@ -74,7 +79,7 @@ class CollectionTelemetry:
         now, (then, then_step) = time.perf_counter(), self._clock
         rows = batch.batch_size[0] if isinstance(batch, TensorDictBase) and batch.batch_dims else 1
         log("samples_per_s", (step - then_step) * rows / max(now - then, 1e-9))
-        log("buffer_size", float(buffer_size))
+        log("buffer_size", float(buffer_size()))
         log("frames", float(frames))
         self._clock = (now, step)
         versions = (

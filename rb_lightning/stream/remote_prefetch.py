@@ -19,9 +19,11 @@ What a queued call means:
   run sends new calls (a Ray buffer's stream is not bit-exact on resume either
   way: docs/checkpoints.md).
 
-Priority updates (:func:`send_priority_update`) go to the actor without waiting
-for a reply (Ray runs one caller's calls to an actor in order, so they land
-before any request issued later), and an update for a slot that a writer
+Priority updates (:func:`send_priority_update`) are held until
+``batches_per_request`` have come (one per training step), then go to the actor as
+one call without waiting for a reply (Ray runs one caller's calls to an actor in
+order, so they land before any request issued later; ``drained`` sends what is
+held, as a checkpoint does), and an update for a slot that a writer
 rewrote between the draw and the update is dropped, as torchrl drops it: when
 the actor's writer tracks slot generations
 (``RoundRobinWriter(track_generations=True)``), each sample carries
@@ -213,10 +215,14 @@ def _draws_independent_items(actor: Any) -> bool:
 
 
 class _UnconfirmedUpdates:
-    """Priority updates sent to one actor: their errors are raised at a later update."""
+    """Priority updates for one actor: held until ``send_every`` have come, then sent as one
+    call; errors of sent ones are raised at a later update."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_every: int) -> None:
+        self.send_every = send_every
+        self.held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self.refs: deque[Any] = deque()
+        self._function: Any = None  # update_live, put in Ray's object store once
 
     def check(self) -> None:
         import ray
@@ -227,6 +233,45 @@ class _UnconfirmedUpdates:
         for ref in done:
             self.refs.remove(ref)
             ray.get(ref)  # raises the actor's error, if any
+
+    def send(self, actor: Any) -> None:
+        """Send the held updates as one actor call (the generation check and the update in
+        one call: no write lands between them)."""
+        if not self.held:
+            return
+        import ray
+
+        indices, priorities, generations = zip(*self.held, strict=True)
+        self.held.clear()
+        generation = None if generations[0] is None else torch.cat(generations)
+        if self._function is None:
+            # Pickling a function by value costs more than the update itself; the actor
+            # reads it from the object store (Ray resolves an ObjectRef argument).
+            self._function = ray.put(_update_live_function())
+        self.refs.append(
+            actor.__ray_call__.remote(
+                self._function, torch.cat(indices), torch.cat(priorities), generation
+            )
+        )
+
+
+def _update_live_function() -> Any:
+    """The function run in the actor, defined here so that it is pickled by value (the
+    actor needs torchrl only): it updates the slots still holding what was drawn and
+    returns how many it dropped."""
+
+    def update_live(rb: Any, index: Any, priority: Any, generation: Any) -> int:
+        dropped = 0
+        if generation is not None:
+            current = rb.writer.generations_of(index)
+            live = (current >= 0) & (generation >= 0) & (current == generation)
+            dropped = int((~live).sum())
+            index = torch.where(live, index, torch.full_like(index, -1))
+        # The tree's own type: mixed precision computes priorities in bfloat16 or float16.
+        rb.update_priority(index, priority.to(getattr(rb.sampler, "dtype", priority.dtype)))
+        return dropped
+
+    return update_live
 
 
 _UNCONFIRMED: weakref.WeakKeyDictionary[Any, _UnconfirmedUpdates] = weakref.WeakKeyDictionary()
@@ -271,24 +316,19 @@ def send_priority_update(
     if not _UNCONFIRMED:  # registered again after Ray's own exit hook, so it runs before it
         atexit.unregister(_drain_at_exit)
         atexit.register(_drain_at_exit)
-    pending = _UNCONFIRMED.setdefault(replay_buffer, _UnconfirmedUpdates())
+    pending = _UNCONFIRMED.get(replay_buffer)
+    if pending is None:
+        pending = _UNCONFIRMED[replay_buffer] = _UnconfirmedUpdates(
+            send_every=pipeline_options(replay_buffer)[1]
+        )
     pending.check()
-
-    # Runs in the actor, sent by value (the actor needs torchrl only). The generation check
-    # and the update are one actor call: no write lands between them.
-    def update_live(rb: Any, index: Any, priority: Any, generation: Any) -> int:
-        dropped = 0
-        if generation is not None:
-            current = rb.writer.generations_of(index)
-            live = (current >= 0) & (generation >= 0) & (current == generation)
-            dropped = int((~live).sum())
-            index = torch.where(live, index, torch.full_like(index, -1))
-        # The tree's own type: mixed precision computes priorities in bfloat16 or float16.
-        rb.update_priority(index, priority.to(getattr(rb.sampler, "dtype", priority.dtype)))
-        return dropped
-
-    actor = live_actor(replay_buffer)
-    pending.refs.append(actor.__ray_call__.remote(update_live, index, checked, generation))
+    if index.ndim == 1:  # one item per slot: updates concatenate
+        pending.held.append((index, torch.broadcast_to(checked, index.shape), generation))
+    else:
+        pending.send(live_actor(replay_buffer))
+        pending.held.append((index, checked, generation))
+    if index.ndim != 1 or len(pending.held) >= pending.send_every:
+        pending.send(live_actor(replay_buffer))
     return replaced
 
 
@@ -310,7 +350,10 @@ def drained(replay_buffer: Any) -> list[int]:
         []
     """
     pending = _UNCONFIRMED.pop(replay_buffer, None)
-    if pending is None or not pending.refs:
+    if pending is None:
+        return []
+    pending.send(live_actor(replay_buffer))
+    if not pending.refs:
         return []
     import ray
 
