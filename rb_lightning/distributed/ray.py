@@ -37,7 +37,7 @@ import os
 import time
 from typing import Any
 
-from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer, _RayReplayBufferClient
+from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rb_lightning.buffers.priorities import (
     InvalidPriority,
@@ -52,6 +52,7 @@ from rb_lightning.stream.remote_prefetch import (
     DEFAULT_REQUESTS_IN_FLIGHT,
     live_actor,
 )
+from rb_lightning.torchrl_compat import bind_ray_actor, unbind_ray_actor
 from rb_lightning.validation import check_positive_int
 
 #: Ray namespace used when none is given, so owners and clients agree by default.
@@ -137,11 +138,7 @@ class RayReplayBufferView(RayReplayBuffer):
         actor = _find_actor(name, namespace, address, timeout, ray_init_config or {})
         self.name, self.namespace = name, namespace
         self.invalid_priority = check_invalid_priority_mode(invalid_priority)
-        self._rb = actor
-        self.has_gpu = False
-        self._delayed_init = False
-        self._transport_kind = "ray"
-        self._client = _RayReplayBufferClient(actor, has_gpu=False)
+        bind_ray_actor(self, actor)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Send new priorities to the shared sampler, refusing NaN, inf and negative ones.
@@ -158,7 +155,7 @@ class RayReplayBufferView(RayReplayBuffer):
 
     def close(self) -> None:
         """Drop the reference to the actor; the owner keeps it alive."""
-        self.__dict__.pop("_rb", None)
+        unbind_ray_actor(self)
 
     def __repr__(self) -> str:
         state = "connected" if self.is_alive else "closed"

@@ -1,9 +1,8 @@
 """The class each Ray actor of a ``ShardedRayReplayBuffer`` runs: one torchrl ``ReplayBuffer``.
 
-Like :mod:`rb_lightning.torchrl_compat`, this module reads torchrl 0.14 internals (a
-``PrioritizedSampler``'s sum and min trees: torchrl has no public accessor for a stored
-priority or the total mass); it lives apart because Ray sends the class by value to
-every shard's process, which then needs torchrl only.
+Ray sends the class by value to every shard's process, which then needs torchrl only; the
+readers of a ``PrioritizedSampler``'s trees it uses come from
+:func:`rb_lightning.torchrl_compat.priority_tree_readers`, sent by value too.
 
 Examples:
     >>> cls = shard_actor_class()
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 from torchrl.data import ReplayBuffer
 
+from rb_lightning.torchrl_compat import priority_tree_readers
+
 __all__ = ["shard_actor_class"]
 
 
@@ -28,10 +29,11 @@ def shard_actor_class() -> Any:
 
     Defined inside this function on purpose: Ray sends it by value once per actor, so
     a shard's process needs torchrl only. Each method is one actor call, atomic with
-    respect to the shard's writes. It reads a ``PrioritizedSampler``'s sum and min
-    trees (torchrl 0.14 has no public accessor for a stored priority or the total mass).
+    respect to the shard's writes.
     """
     from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, RoundRobinWriter
+
+    tree_mass, stored_values = priority_tree_readers()
 
     class BufferShard:
         def __init__(
@@ -50,10 +52,8 @@ def shard_actor_class() -> Any:
         def mass(self) -> tuple[int, float, float]:
             # (items, sampling mass, smallest stored p**alpha); uniform: mass == items.
             n = len(self.rb)
-            sampler = self.rb.sampler
-            if not hasattr(sampler, "_sum_tree") or n == 0:
-                return n, float(n), 1.0
-            return n, float(sampler._sum_tree.query(0, n)), float(sampler._min_tree.query(0, n))
+            trees = tree_mass(self.rb.sampler, n) if n else None
+            return (n, float(n), 1.0) if trees is None else (n, *trees)
 
         def extend(self, data: Any) -> tuple[Any, tuple[int, float, float]]:
             return self.rb.extend(data), self.mass()
@@ -62,8 +62,7 @@ def shard_actor_class() -> Any:
             # (items, local index, generation, p**alpha of each or None, mass after)
             batch, info = self.rb.sample(n, return_info=True)
             index = torch.as_tensor(info["index"])
-            tree = getattr(self.rb.sampler, "_sum_tree", None)
-            stored = None if tree is None else torch.as_tensor(tree[index], dtype=torch.double)
+            stored = stored_values(self.rb.sampler, index)
             return batch, index, info.get("index_generation"), stored, self.mass()
 
         def update(self, index: Any, generation: Any, priority: Any) -> tuple[int, Any]:
@@ -85,10 +84,9 @@ def shard_actor_class() -> Any:
             if n == 0:
                 return None, None
             items = self.rb[:n]
-            tree = getattr(self.rb.sampler, "_sum_tree", None)
-            if tree is None or alpha is None:
+            stored = stored_values(self.rb.sampler, torch.arange(n))
+            if stored is None or alpha is None:
                 return items, None
-            stored = torch.as_tensor(tree[torch.arange(n)], dtype=torch.double)
             return items, (stored ** (1.0 / alpha) - eps).clamp_min(0.0)
 
         def dump(self, target: str) -> int:

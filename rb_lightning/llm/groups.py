@@ -179,14 +179,15 @@ class GroupSampler(Sampler):
                 f"{len(storage)} items. Write whole groups of group_size items before the "
                 "draw, raise max_staleness, or set consumer_version to the learner's version."
             )
-        device = self._rng.device if self._rng is not None else None
+        rng = torchrl_compat.buffer_generator(self)  # what ReplayBuffer.set_rng gave the sampler
+        device = rng.device if rng is not None else None
         if self.order == "oldest":
             chosen = self._oldest(storage, ids, wanted, device)
         elif ids.numel() >= wanted:
-            chosen = torch.randperm(ids.numel(), generator=self._rng, device=device)[:wanted]
+            chosen = torch.randperm(ids.numel(), generator=rng, device=device)[:wanted]
         else:
             extra = torch.randint(
-                ids.numel(), (wanted - ids.numel(),), generator=self._rng, device=device
+                ids.numel(), (wanted - ids.numel(),), generator=rng, device=device
             )
             chosen = torch.cat([torch.arange(ids.numel(), device=device), extra])
         # Each eligible group is group_size contiguous positions (sorted by id, as ids are).
@@ -210,7 +211,8 @@ class GroupSampler(Sampler):
         if unseen.numel() >= wanted:
             return unseen
         # Not enough new groups (the learner did not wait for them): draw eligible ones again.
-        extra = torch.randint(ids.numel(), (wanted - unseen.numel(),), generator=self._rng,
+        rng = torchrl_compat.buffer_generator(self)
+        extra = torch.randint(ids.numel(), (wanted - unseen.numel(),), generator=rng,
                               device=device).cpu()  # fmt: skip
         return torch.cat([unseen, extra])
 

@@ -11,10 +11,14 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["draw_curves", "read_metrics"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["curves_figure", "draw_curves", "read_metrics"]
 
 _NOT_CURVES = {"step", "epoch"}
 
@@ -76,6 +80,34 @@ def draw_curves(
         >>> draw_curves(tmp / "metrics.csv", tmp / "curves.png", x="frames").name
         'curves.png'
     """
+    figure = curves_figure(csv_path, metrics=metrics, x=x, title=title)
+    if figure is None:
+        return None
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=100)
+    return png_path
+
+
+def curves_figure(
+    csv_path: str | os.PathLike,
+    *,
+    metrics: list[str] | None = None,
+    x: str = "step",
+    title: str | None = None,
+) -> Figure | None:
+    """The figure :func:`draw_curves` saves (``None`` when there is nothing to draw).
+
+    Arguments as :func:`draw_curves`'. The figure's layout is matplotlib's
+    ``"constrained"`` one, which keeps the title, the panels and their labels apart.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> csv_path = pathlib.Path(tempfile.mkdtemp()) / "metrics.csv"
+        >>> _ = csv_path.write_text("step,loss\\n0,1.0\\n10,0.5\\n")
+        >>> len(curves_figure(csv_path, title="a run").axes)
+        1
+    """
     try:
         # A Figure of its own, not pyplot: no backend switch and no global figure state in
         # the caller's process (a notebook keeps its backend).
@@ -90,7 +122,9 @@ def draw_curves(
     if not names:
         return None
     to_x = _step_to(series.get(x)) if x != "step" else (lambda step: float(step))
-    figure = Figure(figsize=(7, 2.6 * len(names)))
+    # Constrained, not tight_layout: tight_layout leaves no room for a suptitle, which then
+    # overlapped the first panel.
+    figure = Figure(figsize=(7, 2.6 * len(names)), layout="constrained")
     axes = figure.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
     for axis, name in zip(axes, names, strict=True):
         points = series[name]
@@ -100,11 +134,7 @@ def draw_curves(
     axes[-1].set_xlabel(x)
     if title:
         figure.suptitle(title)
-    figure.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png_path, dpi=100)
-    return png_path
+    return figure
 
 
 def _step_to(points: list[tuple[int, float]] | None) -> Callable[[int], float]:

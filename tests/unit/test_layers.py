@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 
 
-#: The modules at the package's top that form its base layer (they may import each other).
+#: The modules (and the torchrl_compat package) at the package's top that form its base layer
+#: (they may import each other).
 BASE = {"errors", "namespaces", "torchrl_compat", "columns", "validation", "policy_version"}
 
 
@@ -35,7 +36,7 @@ def unit_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return ""
-    return "base" if len(parts) == 2 and parts[1] in BASE else parts[1]
+    return "base" if parts[1] in BASE else parts[1]  # torchrl_compat is a package
 
 
 def layer_of(unit: str) -> int:

@@ -19,9 +19,6 @@ ONE_CONCEPT_MAX_LINES = {
     "buffers/reader.py": 650,
     # The chunk store of incremental saves (issue 48): chunks, their manifest, collection.
     "persist/chunks.py": 650,
-    # Every use of a torchrl private name, in one file to re-check when the pin moves (its
-    # sections: dumps layout, loads workaround, private attributes, direct sampling, writers).
-    "torchrl_compat.py": 650,
 }
 # 400: the answers to Trainer switches grew it; their logic is in trainer_switches.py.
 DATAMODULE_MAX_LINES = 400

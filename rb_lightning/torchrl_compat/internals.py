@@ -1,196 +1,68 @@
-"""Every workaround of a torchrl / tensordict bug, and every use of their private names.
+"""Features built on torchrl 0.14.1 / tensordict 0.14.3 internals: their private names.
 
-Written for torchrl 0.14.1 and tensordict 0.14.3 (the pinned versions). Each
-function says which version it is for and what breaks without it, so that
-moving the pin means re-checking this file and deleting what the new version
-fixed; no other module of rb_lightning touches a torchrl object's ``_private``
-attribute.
+torchrl has no public accessor for these (a storage's rows, a writer's cursor, a sampler's
+trees, a Ray buffer's actor); each function names what it reads, so that moving the pin
+means re-checking this module. No module outside :mod:`rb_lightning.torchrl_compat` touches
+a torchrl or tensordict ``_private`` name (``tests/unit/test_private_names.py``).
 
 Examples:
-    >>> import tempfile
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.torchrl_compat import loads_with_strings
-    >>> saved = ReplayBuffer(storage=LazyTensorStorage(4))
-    >>> _ = saved.extend(TensorDict({"x": torch.arange(2), "s": ["a", "b"]}, batch_size=[2]))
-    >>> path = tempfile.mkdtemp()
-    >>> saved.dumps(path)
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
-    >>> loads_with_strings(rb, path)
-    >>> list(rb[:2]["s"])
-    ['a', 'b']
+    >>> _ = rb.extend(TensorDict({"x": torch.arange(6)}, batch_size=[6]))
+    >>> write_count(rb), write_cursor(rb)
+    (6, 2)
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import pickle
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_non_tensor
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer, RoundRobinWriter
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.data.replay_buffers.storages import Storage
 
-from rb_lightning.errors import PathNotFoundError
-
 __all__ = [
-    "DUMPS_MARKER",
     "GENERATION_KEY",
-    "buffer_generator",
-    "restart_permutation",
-    "buffer_lock",
-    "ring_position",
-    "slot_stamps",
-    "can_share_writes",
-    "only_view_attached",
-    "stop_sharing_writes",
-    "writer_view",
-    "writes_held",
-    "consume_after_n_samples",
-    "direct_sampling_ready",
-    "non_tensor_value",
-    "direct_sample",
-    "set_known_column",
-    "sets_sampler_info",
-    "supports_direct_sampling",
-    "default_batch_size",
-    "dumps_length",
-    "has_custom_checkpointer_hooks",
     "SAMPLER_SETTINGS",
+    "bind_ray_actor",
+    "buffer_generator",
+    "buffer_lock",
+    "can_share_writes",
+    "consume_after_n_samples",
+    "default_batch_size",
+    "direct_sample",
+    "direct_sampling_ready",
+    "has_custom_checkpointer_hooks",
     "has_prefetch",
-    "ignore_last_cursor_warning",
-    "is_dumps_directory",
-    "is_empty_prefetch_pickle",
-    "loads_with_strings",
+    "non_tensor_value",
+    "only_view_attached",
+    "priority_tree_readers",
     "ray_buffer_actor",
-    "read_dumps_items",
-    "restore_non_tensor_columns",
+    "restart_permutation",
+    "ring_position",
     "sampler_attribute",
     "set_consume_after_n_samples",
     "set_default_batch_size",
-    "storage_content",
-    "without_generator",
-    "saved_priority_tree",
+    "set_known_column",
     "set_priority_tree",
+    "sets_sampler_info",
+    "slot_stamps",
+    "stop_sharing_writes",
+    "storage_content",
+    "supports_direct_sampling",
+    "unbind_ray_actor",
+    "without_generator",
     "write_count",
     "write_cursor",
+    "writer_view",
+    "writes_held",
 ]
-
-# -- torchrl's dumps layout ---------------------------------------------------------------------
-#: The file ``ReplayBuffer.dumps`` (torchrl 0.14) always writes for a tensor storage, with the
-#: number of filled rows under ``"len"``; without it a directory was not written by ``dumps``.
-DUMPS_MARKER = Path("storage") / "storage_metadata.json"
-
-
-def is_dumps_directory(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` looks like a directory written by ``ReplayBuffer.dumps(path)``."""
-    return (Path(path) / DUMPS_MARKER).is_file()
-
-
-def dumps_length(path: str | os.PathLike[str]) -> int:
-    """Number of items in a ``ReplayBuffer.dumps`` directory (torchrl 0.14 layout).
-
-    Raises:
-        FileNotFoundError: When ``path`` has no ``storage/storage_metadata.json``.
-    """
-    marker = Path(path) / DUMPS_MARKER
-    if not marker.is_file():
-        raise PathNotFoundError(
-            f"{path} is not a directory written by ReplayBuffer.dumps() with a tensor storage "
-            f"(no {DUMPS_MARKER.as_posix()}). Point at the directory dumps wrote."
-        )
-    return int(json.loads(marker.read_text())["len"])
-
-
-def read_dumps_items(path: str | os.PathLike[str]) -> TensorDictBase:
-    """The filled rows of a ``ReplayBuffer.dumps`` directory, strings included, as a TensorDict.
-
-    ``TensorDict.load_memmap`` keeps every string column, unlike ``ReplayBuffer.loads``
-    in torchrl 0.14.1 (see :func:`restore_non_tensor_columns`); no pickle is read.
-    """
-    size = dumps_length(path)
-    return TensorDict.load_memmap(Path(path) / "storage", allow_pickle=False)[:size]
-
-
-# -- torchrl 0.14.1: loads() restores string columns wrongly --------------------------------------
-def restore_non_tensor_columns(
-    replay_buffer: ReplayBuffer, storage_dir: str | os.PathLike[str]
-) -> list[str]:
-    """Put the string (non-tensor) columns saved in ``storage_dir`` back into ``replay_buffer``.
-
-    torchrl 0.14.1: ``ReplayBuffer.loads`` / ``TensorStorage.loads`` copy tensors
-    only; a ``NonTensorStack`` column keeps what the live buffer held, or gets the
-    first item's value in every row of a fresh buffer. The files are right:
-    ``TensorDict.load_memmap`` reads them correctly. Call right after ``loads``.
-    Delete once ``loads`` round-trips strings.
-
-    Returns:
-        The restored columns, as ``"a.b"`` names (empty when there were none).
-    """
-    data = storage_content(replay_buffer.storage)
-    if not isinstance(data, TensorDictBase) or data.is_locked:
-        return []
-    saved = TensorDict.load_memmap(Path(storage_dir), allow_pickle=False)
-    restored = []
-    for key in saved.keys(include_nested=True):
-        value = saved.get(key)
-        if is_non_tensor(value):
-            data.set(key, value)
-            restored.append(key if isinstance(key, str) else ".".join(key))
-    return restored
-
-
-def loads_with_strings(replay_buffer: ReplayBuffer, path: str | os.PathLike[str]) -> None:
-    """``replay_buffer.loads(path)``, with string columns restored (torchrl 0.14.1 bug).
-
-    See :func:`restore_non_tensor_columns`; once the pin moves past the bug this
-    is ``replay_buffer.loads(path)``.
-    """
-    replay_buffer.loads(path)
-    restore_non_tensor_columns(replay_buffer, Path(path) / "storage")
-
-
-@contextlib.contextmanager
-def ignore_last_cursor_warning() -> Iterator[None]:
-    """Silence torchrl 0.14.1's "last_cursor is None" warning around a storage ``dumps``.
-
-    It is raised when a storage restored by ``loads`` is saved before its next
-    write. The cursor only shifts the rows of save hooks (the compressing
-    checkpointers); the default checkpointer writes the storage as it is, so the
-    dump is complete and the warning misleads.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="last_cursor is None")
-        yield
-
-
-def is_empty_prefetch_pickle(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is the ``prefetch.pkl`` torchrl 0.14's ``dumps`` writes for no prefetch.
-
-    ``ReplayBuffer.dumps`` pickles the prefetch state even when there is none.
-    It is read with an unpickler that resolves no global name at all, so
-    nothing can be called: a pickle that needs one (anything but plain
-    containers and numbers) is rejected.
-    """
-
-    class _NoGlobals(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            raise pickle.UnpicklingError(f"global {module}.{name} refused")
-
-    try:
-        with open(path, "rb") as file:
-            state = _NoGlobals(file).load()
-    except Exception:
-        return False
-    return state is None or (isinstance(state, dict) and not state.get("queue"))
 
 
 # -- private attributes (torchrl 0.14.1 has no public accessor) ----------------------------------
@@ -211,21 +83,6 @@ def write_count(replay_buffer: ReplayBuffer) -> int | None:
 def write_cursor(replay_buffer: ReplayBuffer) -> int:
     """Where a ``RoundRobinWriter`` writes next (``writer._cursor``): a full buffer's oldest item."""
     return int(replay_buffer.writer._cursor)
-
-
-def saved_priority_tree(sampler_dir: str | os.PathLike[str]) -> tuple[torch.Tensor, float | None]:
-    """A dumped ``PrioritizedSampler``'s tree values per storage slot, and its raw max priority.
-
-    torchrl 0.14.1's ``PrioritizedSampler.dumps`` writes ``sumtree.memmap`` (float64,
-    one ``(priority + eps) ** alpha`` per slot) and ``sampler_metadata.json``
-    (``_max_capacity``, ``_max_priority`` as ``[value, index]``); read without a sampler.
-    """
-    root = Path(sampler_dir)
-    metadata = json.loads((root / "sampler_metadata.json").read_text())
-    capacity = int(metadata["_max_capacity"])
-    tree = torch.from_file(str(root / "sumtree.memmap"), size=capacity, dtype=torch.float64)
-    max_priority = (metadata.get("_max_priority") or [None])[0]
-    return tree.clone(), None if max_priority is None else float(max_priority)
 
 
 def set_priority_tree(
@@ -251,6 +108,30 @@ def set_priority_tree(
         sampler._recompute_max_priority_from_tree()
 
 
+def priority_tree_readers() -> tuple[
+    Callable[[Any, int], tuple[float, float] | None], Callable[[Any, Any], torch.Tensor | None]
+]:
+    """``(mass, stored)``: readers of a ``PrioritizedSampler``'s sum and min trees.
+
+    ``mass(sampler, n)`` is the sum and the minimum of the first ``n`` slots'
+    ``(priority + eps) ** alpha``, ``stored(sampler, index)`` those values at ``index``
+    (float64); both ``None`` for a sampler without trees. torchrl 0.14.1 has no
+    public accessor (``_sum_tree``, ``_min_tree``). Made inside this function so that
+    cloudpickle sends them by value: a Ray shard's process needs torchrl only.
+    """
+
+    def mass(sampler: Any, n: int) -> tuple[float, float] | None:
+        if getattr(sampler, "_sum_tree", None) is None:
+            return None
+        return float(sampler._sum_tree.query(0, n)), float(sampler._min_tree.query(0, n))
+
+    def stored(sampler: Any, index: Any) -> torch.Tensor | None:
+        tree = getattr(sampler, "_sum_tree", None)
+        return None if tree is None else torch.as_tensor(tree[index], dtype=torch.double)
+
+    return mass, stored
+
+
 def has_custom_checkpointer_hooks(storage: Storage) -> bool:
     """Whether ``storage`` uses a checkpointer other than torchrl's default, or hooks on it.
 
@@ -270,30 +151,9 @@ def has_prefetch(replay_buffer: ReplayBuffer) -> bool:
     return bool(getattr(replay_buffer, "_prefetch", False))
 
 
-def buffer_generator(replay_buffer: ReplayBuffer) -> torch.Generator | None:
-    """The ``torch.Generator`` the buffer samples with (``set_rng`` sets it, nothing reads it)."""
-    return getattr(replay_buffer, "_rng", None)
-
-
-@contextlib.contextmanager
-def overwriting_scratch_files(storage: Storage) -> Iterator[None]:
-    """Let a restore create a ``LazyMemmapStorage``'s files over those already in its ``scratch_dir``.
-
-    A storage built with a fixed ``scratch_dir`` refuses to create a file that
-    exists (``existsok=False``), and a resumed run always finds its previous
-    process's files there. A restore replaces the buffer's content anyway, so
-    for its duration the storage may overwrite (and resize) them.
-    """
-    scratch_dir = getattr(storage, "scratch_dir", None)
-    if getattr(storage, "initialized", True) or not scratch_dir or not hasattr(storage, "existsok"):
-        yield
-        return
-    existsok = storage.existsok
-    storage.existsok = True
-    try:
-        yield
-    finally:
-        storage.existsok = existsok
+def buffer_generator(component: Any) -> torch.Generator | None:
+    """The ``torch.Generator`` ``rb.set_rng`` gave a buffer or its sampler (``_rng``)."""
+    return getattr(component, "_rng", None)
 
 
 @contextlib.contextmanager
@@ -370,11 +230,27 @@ def restart_permutation(sampler: Any) -> None:
 
 
 def ray_buffer_actor(replay_buffer: Any) -> Any:
-    """The Ray actor handle of a ``RayReplayBuffer`` (``rb._rb``), ``None`` once closed.
-
-    torchrl 0.14.1 has no public accessor; ``RayReplayBufferView`` sets the same name.
-    """
+    """The Ray actor handle of a ``RayReplayBuffer`` (``rb._rb``), ``None`` once closed."""
     return getattr(replay_buffer, "_rb", None)
+
+
+def bind_ray_actor(replay_buffer: Any, actor: Any) -> None:
+    """Make a ``RayReplayBuffer`` built without its ``__init__`` a client of a running ``actor``.
+
+    torchrl 0.14.1's ``__init__`` always starts a new actor; these are the attributes
+    it sets for the ``"ray"`` transport, with the client ``RayReplayBuffer.client()``
+    hands out (``_RayReplayBufferClient``).
+    """
+    from torchrl.data.replay_buffers.ray_buffer import _RayReplayBufferClient
+
+    replay_buffer._rb, replay_buffer.has_gpu, replay_buffer._delayed_init = actor, False, False
+    replay_buffer._transport_kind = "ray"
+    replay_buffer._client = _RayReplayBufferClient(actor, has_gpu=False)
+
+
+def unbind_ray_actor(replay_buffer: Any) -> None:
+    """Drop a ``RayReplayBuffer``'s reference to its actor (``is_alive`` turns false), not kill it."""
+    replay_buffer.__dict__.pop("_rb", None)
 
 
 # -- torchrl 0.14.1: has a slot been written since an item was drawn from it? -------------------
