@@ -53,6 +53,7 @@ from rb_lightning.runs.run_dirs import (
     set_logger_args,
     shown,
 )
+from rb_lightning.runs.run_failures import buffer_actor_lost, quiet_exit
 from rb_lightning.runs.run_files import RunCheckpoint, read_run_checkpoint
 from rb_lightning.runs.run_log import quiet_run_log, say_where_the_buffer_runs, skip_unloadable_nvml
 from rb_lightning.runs.startup import (
@@ -115,8 +116,11 @@ class ReplayBufferCLI(LightningCLI):
         self._argv: list[str] | None = kwargs.pop("typed_args", None)
         try:
             super().__init__(*args, **kwargs)
-        except BaseException:
+        except BaseException as err:
             self._remove_unstarted_run()
+            told = self._told_failure(err)
+            if told is not None:
+                raise told from None
             raise
 
     def _remove_unstarted_run(self) -> None:
@@ -124,8 +128,32 @@ class ReplayBufferCLI(LightningCLI):
         trainer = getattr(self, "trainer", None)  # set once the classes were built
         if getattr(self, "subcommand", None) != "fit" or trainer is None:
             return
-        if trainer.is_global_zero and trainer.log_dir is not None:
-            remove_unstarted_run(Path(trainer.log_dir))
+        # The logger's directory, not trainer.log_dir: that one is a DDP broadcast, which
+        # waits forever on a rank whose peer failed elsewhere.
+        log_dir = trainer.logger.log_dir if trainer.logger is not None else None
+        if trainer.is_global_zero and log_dir is not None:
+            remove_unstarted_run(Path(log_dir))
+
+    def _told_failure(self, err: BaseException) -> BaseException | None:
+        """A failure of a running fit as one paragraph (rank 0), or a quiet exit (the other
+        ranks): :mod:`rb_lightning.runs.run_failures`."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or os.environ.get(DEBUG_ENV) or not isinstance(err, Exception):
+            return None
+        if quiet_exit(err, global_zero=trainer.is_global_zero):
+            return SystemExit(CONFIG_ERROR_EXIT_CODE)
+        buffer = getattr(getattr(self, "datamodule", None), "replay_buffer", None)
+        last = next(
+            (cb.last_model_path for cb in trainer.checkpoint_callbacks
+             if getattr(cb, "last_model_path", "")), None,
+        )  # fmt: skip
+        return buffer_actor_lost(
+            err,
+            step=trainer.global_step,
+            last_checkpoint=os.path.relpath(last) if last else None,
+            resume=self._resume_command(),
+            ask_buffer=None if buffer is None else lambda: len(buffer),
+        )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         try:

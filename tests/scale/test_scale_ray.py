@@ -247,3 +247,37 @@ def test_a_killed_ray_config_run_leaves_nothing(cluster, tmp_path):
     run.process.wait(timeout=30)
     assert run.left_running() == {}
     assert left_behind(before, run.tree.mapped) == []
+
+
+def test_a_killed_buffer_actor_stops_the_run_in_one_paragraph_and_it_resumes(cluster, tmp_path):
+    # Issue 54, item 5: the actor dies mid-run (ray.kill, as a node's loss would end it).
+    # Both ranks stop within seconds (no rank left waiting in a collective), rank 0 says
+    # what was lost and how to resume, and the resume command it prints works.
+    pytest.importorskip("gymnasium")
+    run = _RayConfigRun(cluster, tmp_path, "--trainer.max_steps=100000")
+    last = tmp_path / "runs" / "cartpole_dqn_ray" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        assert run.watch(until=last.exists), run.text()[-3000:]
+        assert run.process.poll() is None and run.actor is not None, run.text()[-3000:]
+        ray.kill(run.actor)
+        run.process.wait(timeout=120)
+    finally:
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGKILL)
+    out = run.text()
+    assert run.process.returncode == 2, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-3000:]  # rank 0 tells it; rank 1 ends quietly
+    assert "Traceback" not in out, out[-3000:]
+    assert unexpected_lines(out.replace(errors[0], "")) == [], out[-3000:]
+    assert "the Ray buffer actor 'cartpole_dqn' (namespace rb_lightning) is gone" in errors[0]
+    assert "killed by `ray.kill`" in errors[0] and "checkpoints/last.ckpt" in errors[0]
+    resume = errors[0].split("resume with `")[1].split("`")[0]
+    assert resume.endswith("--ckpt_path last"), errors[0]
+    assert run.left_running() == {}
+
+    again = _RayConfigRun(cluster, tmp_path, "--ckpt_path", "last", "--trainer.max_steps=1010")
+    again.watch()
+    again.process.wait(timeout=300)
+    assert again.process.returncode == 0, again.text()[-3000:]
+    assert "fit stopped at step 1,010" in again.text()
