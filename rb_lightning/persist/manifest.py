@@ -294,6 +294,14 @@ def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[s
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
         raise not_this_layout(root, f"{MANIFEST} records no {', '.join(missing)}")
+    store = root.parent.parent / CHUNKS_DIR
+    if manifest.get("chunks") and not store.is_dir():
+        raise BufferCheckpointError(
+            f"The replay buffer saved in {root} keeps its rows in {store}, which is missing: "
+            f"the checkpoint was copied or moved without its {CHUNKS_DIR}/ folder (saves of "
+            f"BufferCheckpointIO(incremental=True)). Copy {CHUNKS_DIR}/ along with the .ckpt "
+            "and its .ckpt.buffer/ folder, into the same folder as them."
+        )
     if verify == "none":
         return manifest
     actual = _files(root)
