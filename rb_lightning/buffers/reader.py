@@ -68,11 +68,10 @@ from rb_lightning.errors import (
 from rb_lightning.persist.dumps import load_dump
 from rb_lightning.persist.manifest import MANIFEST, Verify, read_manifest
 from rb_lightning.persist.record import RANK_PREFIX, BufferRecord, find_record, record_dumps
-from rb_lightning.persist.run_paths import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
+from rb_lightning.persist.run_dirs import checkpoint_path_of
 
 __all__ = [
     "SavedBuffer",
-    "checkpoint_path_of",
     "load_buffer",
     "open_saved_buffer",
     "read_torch_file",
@@ -88,31 +87,6 @@ _WHAT_TO_PASS = (
 
 
 # -- what a path is ------------------------------------------------------------------------------
-def checkpoint_path_of(path: str | os.PathLike) -> Path | None:
-    """The Lightning checkpoint that ``path`` names, or ``None`` when it names none.
-
-    A file is itself; a run directory (``runs/<config>/version_<N>``) means its
-    ``checkpoints/last.ckpt``, a ``checkpoints`` directory the ``last.ckpt`` in it,
-    and a config's directory of runs (``runs/<config>``) the ``last.ckpt``
-    written most recently by any of its runs.
-
-    Examples:
-        >>> checkpoint_path_of("no/such/run") is None
-        True
-    """
-    location = Path(path)
-    if location.is_file():
-        return location
-    if not location.is_dir():
-        return None
-    in_run = run_checkpoint(location)
-    if in_run is not None:
-        return in_run
-    if (location / LAST_CHECKPOINT).is_file():
-        return location / LAST_CHECKPOINT
-    return latest_checkpoint(location)
-
-
 @dataclass(frozen=True)
 class _Located:
     """What a path given to the reader is: ``file`` is what will be read."""
