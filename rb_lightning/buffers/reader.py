@@ -1,8 +1,9 @@
 """The one reader of saved replay buffers: whatever wrote them, into a buffer or opened fresh.
 
 :func:`load_buffer` restores a buffer you built; :func:`open_saved_buffer`
-returns a fresh one built like the saved one (``to_hf_dataset(path)`` and
-``rb-lightning-export-hf`` use it). Both take the same paths and the same
+returns a fresh ``ReplayBuffer`` built like the saved one (``to_hf_dataset(path)``
+uses it; ``rb-lightning-export-hf`` reads through :meth:`SavedBuffer.read`, which
+also says what the path was). Both take the same paths and the same
 ``member`` / ``rank``, and raise the same error for the same mistake
 (:class:`~rb_lightning.errors.SavedBufferError` and its subclasses; a damaged
 buffer is a :class:`~rb_lightning.errors.BufferCheckpointError`). A path is:
@@ -30,9 +31,8 @@ Examples:
     >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
     >>> path = f"{tempfile.mkdtemp()}/buffer"
     >>> _ = dump_buffer(rb, path)
-    >>> saved = open_saved_buffer(path)
-    >>> saved.kind, saved.replay_buffer[:]["x"].tolist()
-    ('a dump_buffer directory', [0, 1, 2])
+    >>> open_saved_buffer(path)[:]["x"].tolist(), SavedBuffer.read(path).kind
+    ([0, 1, 2], 'a dump_buffer directory')
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(8))
     >>> load_buffer(restored, path), restored[:]["x"].tolist()
     ([], [0, 1, 2])
@@ -68,11 +68,10 @@ from rb_lightning.errors import (
 from rb_lightning.persist.dumps import load_dump
 from rb_lightning.persist.manifest import MANIFEST, Verify, read_manifest
 from rb_lightning.persist.record import RANK_PREFIX, BufferRecord, find_record, record_dumps
-from rb_lightning.persist.run_paths import LAST_CHECKPOINT, latest_checkpoint, run_checkpoint
+from rb_lightning.persist.run_dirs import checkpoint_path_of
 
 __all__ = [
     "SavedBuffer",
-    "checkpoint_path_of",
     "load_buffer",
     "open_saved_buffer",
     "read_torch_file",
@@ -88,31 +87,6 @@ _WHAT_TO_PASS = (
 
 
 # -- what a path is ------------------------------------------------------------------------------
-def checkpoint_path_of(path: str | os.PathLike) -> Path | None:
-    """The Lightning checkpoint that ``path`` names, or ``None`` when it names none.
-
-    A file is itself; a run directory (``runs/<config>/version_<N>``) means its
-    ``checkpoints/last.ckpt``, a ``checkpoints`` directory the ``last.ckpt`` in it,
-    and a config's directory of runs (``runs/<config>``) the ``last.ckpt``
-    written most recently by any of its runs.
-
-    Examples:
-        >>> checkpoint_path_of("no/such/run") is None
-        True
-    """
-    location = Path(path)
-    if location.is_file():
-        return location
-    if not location.is_dir():
-        return None
-    in_run = run_checkpoint(location)
-    if in_run is not None:
-        return in_run
-    if (location / LAST_CHECKPOINT).is_file():
-        return location / LAST_CHECKPOINT
-    return latest_checkpoint(location)
-
-
 @dataclass(frozen=True)
 class _Located:
     """What a path given to the reader is: ``file`` is what will be read."""
@@ -340,7 +314,7 @@ def load_buffer(
 # -- opening a saved buffer fresh ----------------------------------------------------------------
 @dataclass
 class SavedBuffer:
-    """A saved buffer, opened: its content in a fresh buffer, and what the path was.
+    """A saved buffer, opened (:meth:`read`): its content in a fresh buffer, and what the path was.
 
     Attributes:
         replay_buffer: A ``ReplayBuffer`` with the saved content, or a
@@ -356,6 +330,43 @@ class SavedBuffer:
     path: Path
     kind: str
     sources: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(
+        cls,
+        path: str | os.PathLike,
+        *,
+        member: str | None = None,
+        rank: int | None = None,
+        allow_pickle: bool = False,
+    ) -> SavedBuffer:
+        """Read the buffer saved at ``path`` as :func:`open_saved_buffer` does, with what it was."""
+        located = _locate(path)
+        if located.what == "dump":
+            _refuse_selection(located.file, "a dump_buffer directory", member, rank)
+            return cls(_open_dump(located.file), located.file, "a dump_buffer directory")
+        if located.what == "rb_dumps":
+            _refuse_selection(located.file, "an rb.dumps() directory", member, rank)
+            rb = _buffer_of(torchrl_compat.read_dumps_items(located.file))
+            return cls(rb, located.file, "an rb.dumps() directory")
+        content = read_torch_file(located.file, allow_pickle=allow_pickle)
+        if find_record(content) is None and isinstance(content, ReplayBuffer | TensorDictBase):
+            what = f"a torch.save()d {type(content).__name__}"
+            _refuse_selection(located.file, what, member, rank)
+            rb = content if isinstance(content, ReplayBuffer) else _buffer_of(content)
+            return cls(rb, located.file, what)
+        record = _checkpoint_record(located.file, content)
+        run = f" (the run {Path(path)})" if Path(path) != located.file else ""
+        kind = f"a Lightning checkpoint{run}, {record.describe()}"
+        with record_dumps(record, located.file) as dumps:
+            names = _select(
+                record, list(dumps), located.file, member=member, rank=rank, several=True
+            )
+            buffers = {name: _open_dump(dumps[name]) for name in names}
+        if len(buffers) == 1:
+            (rb,) = buffers.values()
+            return cls(rb, located.file, kind)
+        return cls(BufferMixture(buffers), located.file, kind, sources=list(buffers))
 
     def keys(self) -> list[NestedKey]:
         """The keys of the stored items (with ``"source"`` when several buffers were read)."""
@@ -415,8 +426,13 @@ def open_saved_buffer(
     member: str | None = None,
     rank: int | None = None,
     allow_pickle: bool = False,
-) -> SavedBuffer:
-    """Read the replay buffer saved at ``path`` into a fresh buffer built like the saved one.
+) -> ReplayBuffer:
+    """A fresh ``ReplayBuffer`` built like the one saved at ``path``, holding its content.
+
+    Its storage, capacity, sampler (with its settings) and writer are the saved
+    ones; several buffers read at once (a mixture's members, a DDP run's ranks)
+    come as a :class:`~rb_lightning.BufferMixture` with a ``"source"`` column.
+    :meth:`SavedBuffer.read` also says what ``path`` was.
 
     Args:
         path: A run directory, a ``.ckpt``, a dump directory or a saved file
@@ -436,31 +452,20 @@ def open_saved_buffer(
             ``allow_pickle`` do not fit it (one subclass per mistake); the message
             says what the path is and how to read it.
         BufferCheckpointError: The saved buffer is damaged or incomplete.
+
+    Examples:
+        >>> import tempfile
+        >>> from tensordict import TensorDict
+        >>> from rb_lightning.persist.dumps import dump_buffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
+        >>> path = f"{tempfile.mkdtemp()}/buffer"
+        >>> _ = dump_buffer(rb, path)
+        >>> opened = open_saved_buffer(path)
+        >>> len(opened), opened.storage.max_size
+        (3, 8)
     """
-    located = _locate(path)
-    if located.what == "dump":
-        _refuse_selection(located.file, "a dump_buffer directory", member, rank)
-        return SavedBuffer(_open_dump(located.file), located.file, "a dump_buffer directory")
-    if located.what == "rb_dumps":
-        _refuse_selection(located.file, "an rb.dumps() directory", member, rank)
-        rb = _buffer_of(torchrl_compat.read_dumps_items(located.file))
-        return SavedBuffer(rb, located.file, "an rb.dumps() directory")
-    content = read_torch_file(located.file, allow_pickle=allow_pickle)
-    if find_record(content) is None and isinstance(content, ReplayBuffer | TensorDictBase):
-        what = f"a torch.save()d {type(content).__name__}"
-        _refuse_selection(located.file, what, member, rank)
-        rb = content if isinstance(content, ReplayBuffer) else _buffer_of(content)
-        return SavedBuffer(rb, located.file, what)
-    record = _checkpoint_record(located.file, content)
-    run = f" (the run {Path(path)})" if Path(path) != located.file else ""
-    kind = f"a Lightning checkpoint{run}, {record.describe()}"
-    with record_dumps(record, located.file) as dumps:
-        names = _select(record, list(dumps), located.file, member=member, rank=rank, several=True)
-        buffers = {name: _open_dump(dumps[name]) for name in names}
-    if len(buffers) == 1:
-        (rb,) = buffers.values()
-        return SavedBuffer(rb, located.file, kind)
-    return SavedBuffer(BufferMixture(buffers), located.file, kind, sources=list(buffers))
+    return SavedBuffer.read(path, member=member, rank=rank, allow_pickle=allow_pickle).replay_buffer
 
 
 def _open_dump(root: Path) -> ReplayBuffer:

@@ -29,7 +29,7 @@ from rb_lightning.lightning.checkpoint_io import install_checkpoint_io
 from rb_lightning.persist.beside import BufferDumpRequest, beside_reference
 from rb_lightning.persist.build import build_record, compare_builds
 from rb_lightning.persist.files import remove_stale_versions, write_version
-from rb_lightning.persist.kinds import actor_dump_kind
+from rb_lightning.persist.layouts import actor_dump_layout
 from rb_lightning.persist.manifest import (
     Verify,
     check_plain_files,
@@ -89,7 +89,7 @@ def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
     return write_manifest(
         root,
         {
-            "kind": actor_dump_kind(length),
+            "layout": actor_dump_layout(length),
             "len": length,
             "write_count": write_count,
             "pending_batches": 0,

@@ -62,7 +62,7 @@ from rb_lightning.distributed.remote_handle import RemoteBuffer
 from rb_lightning.distributed.shard_actor import shard_actor_class
 from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
 from rb_lightning.persist.elastic import Redistribution
-from rb_lightning.persist.manifest import Verify, read_manifest, write_manifest
+from rb_lightning.persist.manifest import Layout, Verify, read_manifest, write_manifest
 from rb_lightning.persist.record import BufferRecord
 from rb_lightning.validation import check_positive_int
 
@@ -75,8 +75,8 @@ __all__ = [
 ]
 
 _META = "shards.json"
-#: The manifest's kind of a dump of every shard.
-KIND = "sharded_ray_dumps"
+#: The manifest's layout of a dump of every shard.
+LAYOUT: Layout = "sharded_ray_dumps"
 
 
 class ShardedRayReplayBuffer(ReplayBuffer):
@@ -574,8 +574,8 @@ class ShardedBuffer(RemoteBuffer):
 def dump_shards(replay_buffer: ShardedRayReplayBuffer, path: Path) -> dict[str, Any]:
     """Every shard dumped by its actor into the new directory ``path``; return the manifest."""
     replay_buffer.dumps(path)
-    content = {
-        "kind": KIND,
+    content: dict[str, Any] = {
+        "layout": LAYOUT,
         "len": len(replay_buffer),
         "write_count": replay_buffer.write_count,
         "build": {},

@@ -6,7 +6,7 @@ The command behind the console script. From a run to a TRL trainer::
     rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
     # in the TRL script: train_dataset = datasets.load_from_disk("sft_data")
 
-What it reads is :func:`rb_lightning.buffers.reader.open_saved_buffer`'s job; the
+What it reads is :meth:`rb_lightning.buffers.reader.SavedBuffer.read`'s job; the
 export is :func:`rb_lightning.hf.to_hf_dataset` (``streaming=False``). Both are
 imported only once a buffer is read, so ``--help`` answers without loading
 torch or ``datasets``.
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Heavy imports from here on: torch, torchrl, and datasets for the export.
     import logging
 
-    from rb_lightning.buffers.reader import open_saved_buffer
+    from rb_lightning.buffers.reader import SavedBuffer
     from rb_lightning.errors import BufferCheckpointError, UsageError
 
     # torchrl logs every storage it initialises at INFO (set when torchrl is imported);
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("torchrl").setLevel(logging.WARNING)
 
     try:
-        saved = open_saved_buffer(
+        saved = SavedBuffer.read(
             args.buffer, member=args.member, rank=args.rank, allow_pickle=args.allow_pickle
         )
     except UsageError as error:

@@ -310,7 +310,7 @@ def to_hf_dataset(
     if isinstance(source, (str, os.PathLike)):
         from rb_lightning.buffers.reader import open_saved_buffer
 
-        source = open_saved_buffer(source).replay_buffer
+        source = open_saved_buffer(source)
     given = _export_defaults(source)
     keys = given.keys if keys is None else keys
     num_batches = given.num_batches if num_batches is _UNSET else num_batches

@@ -120,8 +120,9 @@ def run_model(path: str) -> LightningRun:
     import transformers
     import yaml
 
-    from rb_lightning.buffers.reader import checkpoint_path_of, read_torch_file
+    from rb_lightning.buffers.reader import read_torch_file
     from rb_lightning.llm.module import CausalLMModule
+    from rb_lightning.persist.run_dirs import checkpoint_path_of
 
     file = checkpoint_path_of(path)
     if file is None:

@@ -30,6 +30,11 @@ __all__ = [
     "compare_builds",
 ]
 
+#: Sampler settings recorded (a reader rebuilds the sampler with them) but not compared on
+#: resume: how many policy versions old a drawn group may be is a setting of the run, which a
+#: resumed run may loosen or tighten; the stored items and the sampler's state do not depend on it.
+_RUN_SETTINGS = frozenset({"max_staleness"})
+
 #: What to say when loading failed although the builds matched.
 SAME_BUILD_HINT = (
     "The buffer is built as the saved one (storage type, max_size, sampler and its "
@@ -104,7 +109,7 @@ def compare_builds(saved: dict[str, Any], given: dict[str, Any], root: Path) -> 
             differences.append(f"saved {name}={saved.get(part)}, given {name}={given[part]}")
     if saved.get("sampler") == given["sampler"]:
         for name, value in saved.get("sampler_settings", {}).items():
-            if given["sampler_settings"].get(name) != value:
+            if name not in _RUN_SETTINGS and given["sampler_settings"].get(name) != value:
                 differences.append(
                     f"saved {given['sampler']}({name}={value}), given "
                     f"{given['sampler']}({name}={given['sampler_settings'].get(name)})"

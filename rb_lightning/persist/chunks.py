@@ -5,7 +5,7 @@ A tensor storage written by a round-robin writer changes, between two saves, in 
 previous save and ``n`` the growth of its ``write_count``. A chunked save writes only
 those rows, as new *chunks* in a chunk store shared by every checkpoint of a directory
 (``<dir>/buffer-chunks/<chunk>/``: a memory-mapped TensorDict of rows), plus the small
-state (sampler, writer, generator, read-ahead batches) and a manifest (kind
+state (sampler, writer, generator, read-ahead batches) and a manifest (layout
 ``chunked_rows``) in its own version directory. The manifest lists *segments*: storage
 rows ``[start, stop)`` are rows ``[offset, offset + stop - start)`` of chunk ``chunk``;
 together they cover ``[0, len)``. It also records the size and ``xxh3_64`` checksum of
@@ -79,6 +79,7 @@ from rb_lightning.persist.manifest import (
     MANIFEST,
     TENSOR_ROWS,
     Digests,
+    Layout,
     check_plain_files,
     file_digest,
     write_manifest,
@@ -86,7 +87,6 @@ from rb_lightning.persist.manifest import (
 from rb_lightning.persist.mismatch import unloadable
 
 __all__ = [
-    "CHUNKED_KIND",
     "ChunkedSave",
     "Segment",
     "chunk_store_of",
@@ -96,8 +96,8 @@ __all__ = [
     "prepare_chunked_save",
 ]
 
-#: The kind a chunked save's manifest records (:mod:`rb_lightning.persist.kinds`).
-CHUNKED_KIND = "chunked_rows"
+#: The layout a chunked save's manifest records (:mod:`rb_lightning.persist.layouts`).
+_LAYOUT: Layout = "chunked_rows"
 #: A first (full) save is cut into chunks of at most ``capacity / _PIECES`` rows, so that a
 #: chunk of it is freed once the writer has passed it, not after a whole lap; but of at
 #: least ``_PIECE_MIN_BYTES`` (each chunk costs a few files and milliseconds to load).
@@ -432,7 +432,7 @@ def _prepare_chunked_save(
     content = {
         **(extra or {}),
         **components,
-        "kind": CHUNKED_KIND,
+        "layout": _LAYOUT,
         "len": length,
         "write_count": write_count,
         "cursor": torchrl_compat.write_cursor(replay_buffer),

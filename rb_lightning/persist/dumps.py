@@ -2,7 +2,7 @@
 
 A dump is a directory of memory-mapped tensors (``.memmap``) and JSON, never a
 pickle, with a ``manifest.json`` (:mod:`rb_lightning.persist.manifest`).
-How the items are written depends on the storage (:mod:`rb_lightning.persist.kinds`).
+How the items are written depends on the storage (:mod:`rb_lightning.persist.layouts`).
 Loading verifies the dump before the buffer is touched, refuses a directory
 holding any other file (it could run code when read) and refuses a buffer
 built differently from the saved one, each with a :class:`BufferCheckpointError`
@@ -39,7 +39,7 @@ from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.persist.build import SAME_BUILD_HINT, buffer_build, check_same_build
 from rb_lightning.persist.components import dump_pending_batches
-from rb_lightning.persist.kinds import kind_named, kind_of, writes_filled_rows_only
+from rb_lightning.persist.layouts import layout_named, layout_of, writes_filled_rows_only
 from rb_lightning.persist.manifest import (
     PENDING_DIR,
     Digests,
@@ -132,19 +132,19 @@ def dump_buffer(
         >>> rb.add(torch.arange(3))
         0
         >>> manifest = dump_buffer(rb, f"{tempfile.mkdtemp()}/dump")
-        >>> manifest["kind"], manifest["len"], manifest["build"]["storage"]
+        >>> manifest["layout"], manifest["len"], manifest["build"]["storage"]
         ('list_items', 1, 'ListStorage')
     """
     root = Path(path)
     root.mkdir(parents=True)
     digests = Digests(root)
-    kind = kind_of(replay_buffer)
+    layout = layout_of(replay_buffer)
     # A buffer another process writes into (asynchronous collection) waits while it is read:
     # rows, length and write count of one moment, no half-written row.
     with torchrl_compat.writes_held(replay_buffer):
-        content = {**(extra or {}), **kind.save(replay_buffer, root, digests)}
+        content = {**(extra or {}), **layout.save(replay_buffer, root, digests)}
         facts = {
-            "kind": kind.name,
+            "layout": layout.name,
             "len": len(replay_buffer),
             "write_count": torchrl_compat.write_count(replay_buffer),
         }
@@ -179,9 +179,9 @@ def load_dump(
     manifest = read_manifest(root, verify=verify)
     check_plain_files(root)
     check_same_build(manifest["build"], replay_buffer, root)
-    kind = kind_named(manifest["kind"], root)
-    kind.verify(replay_buffer, root, manifest)
-    kind.load(replay_buffer, root, manifest)
+    layout = layout_named(manifest["layout"], root)
+    layout.verify(replay_buffer, root, manifest)
+    layout.load(replay_buffer, root, manifest)
     if (
         len(replay_buffer) != manifest["len"]
         or torchrl_compat.write_count(replay_buffer) != manifest["write_count"]

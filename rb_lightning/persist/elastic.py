@@ -54,8 +54,14 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError, UsageError
 from rb_lightning.persist.build import buffer_build, compare_builds
-from rb_lightning.persist.kinds import kind_named
-from rb_lightning.persist.manifest import TRANSFORM_STATE, Verify, check_plain_files, read_manifest
+from rb_lightning.persist.layouts import layout_named
+from rb_lightning.persist.manifest import (
+    TRANSFORM_STATE,
+    Layout,
+    Verify,
+    check_plain_files,
+    read_manifest,
+)
 from rb_lightning.persist.mismatch import unloadable
 from rb_lightning.persist.record import RANK_KINDS, BufferRecord, record_dumps
 
@@ -74,8 +80,14 @@ __all__ = [
 
 ResumeKeep = Literal["all", "newest"]
 RESUME_KEEP_MODES: tuple[str, ...] = ("all", "newest")
-#: Dump kinds whose items can be dealt out (the others are written by a Ray buffer's actor).
-_DEALABLE = ("empty_buffer", "filled_rows", "whole_storage", "list_items", "chunked_rows")
+#: Dump layouts whose items can be dealt out (the others are written by a Ray buffer's actor).
+_DEALABLE: tuple[Layout, ...] = (
+    "empty_buffer",
+    "filled_rows",
+    "whole_storage",
+    "list_items",
+    "chunked_rows",
+)
 
 
 def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:
@@ -295,8 +307,8 @@ def _check_dealable(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str,
         {**saved, "capacity": given["capacity"], "sampler_settings": settings}, given, root
     )
     reason = None
-    if manifest["kind"] not in _DEALABLE:
-        reason = f"it is a dump of kind {manifest['kind']!r}, written by a Ray buffer's actor"
+    if manifest["layout"] not in _DEALABLE:
+        reason = f"it is a dump of layout {manifest['layout']!r}, written by a Ray buffer's actor"
     elif (root / TRANSFORM_STATE).exists():
         reason = "the buffer's transform has a state, which belongs to no single item"
     elif not isinstance(replay_buffer.writer, RoundRobinWriter):
@@ -335,7 +347,7 @@ def _gather(
         if not len(taken):
             continue
         scratch = _scratch_buffer(replay_buffer, manifest)
-        kind_named(manifest["kind"], root).load(scratch, root, manifest)
+        layout_named(manifest["layout"], root).load(scratch, root, manifest)
         capacity = int(scratch.storage.max_size)
         # A full buffer's oldest item is where its writer writes next; otherwise slot 0.
         start = torchrl_compat.write_cursor(scratch) if len(scratch) == capacity else 0

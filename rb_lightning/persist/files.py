@@ -40,6 +40,7 @@ from rb_lightning.errors import NotEnoughDiskSpaceError, RBLightningError
 
 __all__ = [
     "check_disk_space",
+    "errors_naming",
     "free_disk_bytes",
     "in_use",
     "is_in_use",
@@ -126,14 +127,30 @@ def unpacked_directory(
     """
     with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
         unpack_directory(archive, tmp)
-        try:
+        where = str(checkpoint_path) if checkpoint_path is not None else "the checkpoint"
+        with errors_naming({tmp: where}):
             yield Path(tmp)
-        except RBLightningError as error:
-            where = str(checkpoint_path) if checkpoint_path is not None else "the checkpoint"
+
+
+@contextlib.contextmanager
+def errors_naming(names: dict[str, str]) -> Iterator[None]:
+    """Inside, an rb_lightning error raised with a path of ``names`` says what it names instead.
+
+    Examples:
+        >>> with errors_naming({"/tmp/x1": "last.ckpt"}):
+        ...     raise RBLightningError("/tmp/x1 is damaged")
+        Traceback (most recent call last):
+        ...
+        rb_lightning.errors.RBLightningError: last.ckpt is damaged
+    """
+    try:
+        yield
+    except RBLightningError as error:
+        for path, name in names.items():
             error.args = tuple(
-                arg.replace(tmp, where) if isinstance(arg, str) else arg for arg in error.args
+                arg.replace(path, name) if isinstance(arg, str) else arg for arg in error.args
             )
-            raise
+        raise
 
 
 # -- atomic versions ---------------------------------------------------------------------------

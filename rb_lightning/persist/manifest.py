@@ -1,7 +1,7 @@
 """The manifest of a buffer dump: what it records, how it is written, read and verified.
 
-Every dump directory holds a ``manifest.json``: the format version, the kind of
-dump (:mod:`rb_lightning.persist.kinds`), the item count and ``write_count``,
+Every dump directory holds a ``manifest.json``: the format version, the
+dump's :data:`Layout` (:mod:`rb_lightning.persist.layouts`), the item count and ``write_count``,
 how the buffer was built, and the size and xxHash (``xxh3_64``) checksum of
 every other file. Checksums of the data are taken from the bytes as they are
 written (:class:`Digests`), not by reading the files back. :func:`read_manifest`
@@ -17,7 +17,7 @@ Examples:
     >>> root = Path(tempfile.mkdtemp())
     >>> (root / "data.json").write_text("[1, 2]")
     6
-    >>> content = {"kind": "empty_buffer", "len": 0, "write_count": 0, "build": {}}
+    >>> content = {"layout": "empty_buffer", "len": 0, "write_count": 0, "build": {}}
     >>> manifest = write_manifest(root, content, Digests(root))
     >>> read_manifest(root)["files"], sorted(read_manifest(root)[CHECKSUMS])
     ({'data.json': 6}, ['data.json'])
@@ -53,6 +53,7 @@ __all__ = [
     "TRANSFORM_STATE",
     "VERIFY_MODES",
     "Digests",
+    "Layout",
     "Verify",
     "check_plain_files",
     "check_verify_mode",
@@ -67,9 +68,19 @@ MANIFEST = "manifest.json"
 #: Manifest key of the per-file checksums: hex ``xxh3_64`` digests, for every file.
 CHECKSUMS = "xxh3_64"
 #: What every manifest of this format records (besides ``format`` and the checksums).
-_REQUIRED = ("kind", "len", "write_count", "build", "files")
+_REQUIRED = ("layout", "len", "write_count", "build", "files")
 
-# The layout of a dump directory.
+#: How a dump's files hold its items, the manifest's ``"layout"``: one name per
+#: :class:`~rb_lightning.persist.layouts.DumpLayout`, written by this process
+#: (``list_items``, ``empty_buffer``, ``filled_rows``, ``whole_storage``; ``chunked_rows`` by
+#: :mod:`~rb_lightning.persist.chunks`), by a Ray buffer's actor (``torchrl_dumps``,
+#: ``remote_empty``) or by a sharded one's (``sharded_ray_dumps``, read by its own plugin).
+Layout = Literal[
+    "list_items", "empty_buffer", "filled_rows", "whole_storage", "chunked_rows",
+    "torchrl_dumps", "remote_empty", "sharded_ray_dumps",
+]  # fmt: skip
+
+# The files of a dump directory.
 STORAGE_DIR = "storage"  # a tensor storage's rows, or its checkpointer's files
 LIST_DIR = "items"  # a ListStorage: one memmapped TensorDict per item
 PENDING_DIR = "pending_batches"  # batches read ahead of the saved step
@@ -294,6 +305,14 @@ def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[s
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
         raise not_this_layout(root, f"{MANIFEST} records no {', '.join(missing)}")
+    store = root.parent.parent / CHUNKS_DIR
+    if manifest.get("chunks") and not store.is_dir():
+        raise BufferCheckpointError(
+            f"The replay buffer saved in {root} keeps its rows in {store}, which is missing: "
+            f"the checkpoint was copied or moved without its {CHUNKS_DIR}/ folder (saves of "
+            f"BufferCheckpointIO(incremental=True)). Copy {CHUNKS_DIR}/ along with the .ckpt "
+            "and its .ckpt.buffer/ folder, into the same folder as them."
+        )
     if verify == "none":
         return manifest
     actual = _files(root)

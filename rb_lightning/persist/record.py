@@ -44,7 +44,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from rb_lightning.errors import BufferCheckpointError
-from rb_lightning.persist.files import unpacked_directory
+from rb_lightning.persist.files import errors_naming, unpacked_directory
 
 __all__ = [
     "RANK_PREFIX",
@@ -326,7 +326,10 @@ def record_dumps(
             dumps: dict[str, Path] = {}
             for name, member in record.members.items():
                 dumps[name] = stack.enter_context(record_dumps(member, checkpoint_path))[""]
-            yield dumps
+            # A member's folder (a hash, or a temporary one) means nothing without its name.
+            members = {str(root): f"{root} (member {name!r})" for name, root in dumps.items()}
+            with errors_naming(members):
+                yield dumps
         elif record.kind == "inline":
             if record.archive is None:
                 raise BufferCheckpointError(

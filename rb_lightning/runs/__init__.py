@@ -14,26 +14,27 @@ from typing import TYPE_CHECKING
 from rb_lightning.namespaces import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rb_lightning.persist.run_paths import latest_checkpoint, run_checkpoint, run_directories
+    from rb_lightning.persist.run_dirs import (
+        RunCheckpoint,
+        latest_checkpoint,
+        read_run_checkpoint,
+        run_checkpoint,
+        run_directories,
+    )
     from rb_lightning.runs.progress import StepProgressBar
     from rb_lightning.runs.report import RunReport
-    from rb_lightning.runs.run_files import (
-        FinalLastCheckpoint,
-        RunCheckpoint,
-        RunLogger,
-        read_run_checkpoint,
-    )
+    from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger
 
 _HOMES = {
     "FinalLastCheckpoint": "rb_lightning.runs.run_files",
-    "RunCheckpoint": "rb_lightning.runs.run_files",
+    "RunCheckpoint": "rb_lightning.persist.run_dirs",
     "RunLogger": "rb_lightning.runs.run_files",
     "RunReport": "rb_lightning.runs.report",
     "StepProgressBar": "rb_lightning.runs.progress",
-    "latest_checkpoint": "rb_lightning.persist.run_paths",
-    "read_run_checkpoint": "rb_lightning.runs.run_files",
-    "run_checkpoint": "rb_lightning.persist.run_paths",
-    "run_directories": "rb_lightning.persist.run_paths",
+    "latest_checkpoint": "rb_lightning.persist.run_dirs",
+    "read_run_checkpoint": "rb_lightning.persist.run_dirs",
+    "run_checkpoint": "rb_lightning.persist.run_dirs",
+    "run_directories": "rb_lightning.persist.run_dirs",
 }
 __all__ = [
     "FinalLastCheckpoint",

@@ -32,7 +32,16 @@ from tensordict.utils import NestedKey
 
 from rb_lightning.columns import normalize_key
 from rb_lightning.errors import ConfigError, RBLightningError, UsageError
-from rb_lightning.persist.run_paths import latest_checkpoint, run_checkpoint, run_directories
+from rb_lightning.persist.run_dirs import (
+    RunCheckpoint,
+    describe_run,
+    latest_checkpoint,
+    read_run_checkpoint,
+    remove_unstarted_run,
+    run_checkpoint,
+    run_directories,
+    shown,
+)
 from rb_lightning.runs import preflight, shipped_configs
 from rb_lightning.runs.config_errors import (
     instantiation_error,
@@ -42,19 +51,15 @@ from rb_lightning.runs.config_errors import (
 from rb_lightning.runs.model_summary import RunModelSummary
 from rb_lightning.runs.progress import StepProgressBar, progress_bars_lock_threads_only
 from rb_lightning.runs.report import RunReport
-from rb_lightning.runs.run_dirs import (
+from rb_lightning.runs.resume import (
     check_extends,
     checkpoint_dirs,
-    describe_run,
     has_logger,
-    remove_unstarted_run,
     resume_line,
     run_root,
     set_logger_args,
-    shown,
 )
 from rb_lightning.runs.run_failures import buffer_actor_lost, quiet_exit
-from rb_lightning.runs.run_files import RunCheckpoint, read_run_checkpoint
 from rb_lightning.runs.run_log import quiet_run_log, say_where_the_buffer_runs, skip_unloadable_nvml
 from rb_lightning.runs.startup import (
     INTERRUPT_EXIT_CODE,

@@ -30,8 +30,8 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from rb_lightning.persist.run_dirs import read_run_checkpoint
 from rb_lightning.runs.curves import draw_curves, read_metrics
-from rb_lightning.runs.run_files import read_run_checkpoint
 
 __all__ = ["RunReport"]
 

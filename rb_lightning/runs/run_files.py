@@ -1,12 +1,8 @@
-"""Run directories: one versioned directory per run of a config, found again by ``--ckpt_path last``.
+"""What writes a run's files: :class:`RunLogger` (``metrics.csv``) and :class:`FinalLastCheckpoint`.
 
-The shipped configs log with :class:`RunLogger` under ``runs/<config>/``, so
-every ``fit`` gets ``runs/<config>/version_<N>/`` holding ``config.yaml``,
-``metrics.csv``, ``curves.png`` and ``checkpoints/last.ckpt``. A second
-``fit`` of the same config starts ``version_<N+1>``: nothing is overwritten.
-``--ckpt_path last`` continues the run started last (:func:`~rb_lightning.persist.run_paths.run_directories`)
-in its own directory, when its checkpoint (:func:`read_run_checkpoint`) says it
-can go on.
+The shipped configs log with :class:`RunLogger` under ``runs/<config>/`` and save with
+:class:`FinalLastCheckpoint`, so every ``fit`` gets its run directory
+(:mod:`rb_lightning.persist.run_dirs`), which ``--ckpt_path last`` finds again.
 """
 
 from __future__ import annotations
@@ -17,27 +13,21 @@ import signal
 import sys
 import threading
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from rb_lightning.persist.run_dirs import RUN_FINISHED_KEY
+
 __all__ = [
     "FinalLastCheckpoint",
-    "RunCheckpoint",
     "RunLogger",
-    "read_run_checkpoint",
 ]
-
-#: Key of ``FinalLastCheckpoint``'s state that says whether (and why) the run had ended.
-RUN_FINISHED_KEY = "run_finished"
 
 
 class RunLogger(CSVLogger):
@@ -135,7 +125,7 @@ class FinalLastCheckpoint(ModelCheckpoint):
       the previous ``last.ckpt``; one while the checkpoint is written is ignored.
       Before the first step, Ctrl-C stops at once: there is nothing to keep.
 
-    The checkpoint records whether the run had finished (:func:`read_run_checkpoint`),
+    The checkpoint records whether the run had finished (:func:`~rb_lightning.persist.run_dirs.read_run_checkpoint`),
     so that ``--ckpt_path last`` does not write into a finished run unasked.
 
     The other arguments are ``ModelCheckpoint``'s; ``save_last`` defaults to ``True``.
@@ -313,72 +303,3 @@ class _DeferredInterrupt:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
-
-
-@dataclass(frozen=True)
-class RunCheckpoint:
-    """What a run's ``last.ckpt`` says of the run, read without loading the model or buffer.
-
-    Attributes:
-        path: The checkpoint file.
-        step: Its global step (``None`` if the file cannot be read).
-        finished: Why the run had ended when it was written (``"max_steps"``,
-            ``"stopped"``), or ``None`` for a run that can go on (written on
-            schedule, on Ctrl-C, or before a kill).
-        problem: Why the file is not a Lightning checkpoint, in words (``None``
-            when it is one).
-    """
-
-    path: Path
-    step: int | None
-    finished: str | None
-    problem: str | None = None
-
-    @property
-    def run_dir(self) -> Path:
-        """``runs/<config>/version_<N>`` for ``.../version_<N>/checkpoints/last.ckpt``."""
-        return self.path.parent.parent
-
-
-def read_run_checkpoint(path: str | os.PathLike) -> RunCheckpoint:
-    """Read a checkpoint's step and whether its run had finished (memory-mapped, no pickle).
-
-    Examples:
-        >>> read_run_checkpoint("no/such/last.ckpt").step is None
-        True
-    """
-    path = Path(path)
-    problem = _not_a_checkpoint(path)
-    if problem is not None:
-        return RunCheckpoint(path, None, None, problem)
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # torn, or holding pickled objects: the caller says so
-        return RunCheckpoint(path, None, None, _UNREADABLE)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        return RunCheckpoint(path, None, None, _NOT_LIGHTNING)
-    finished = None
-    for state in (checkpoint.get("callbacks") or {}).values():
-        if isinstance(state, dict) and state.get(RUN_FINISHED_KEY):
-            finished = str(state[RUN_FINISHED_KEY])
-    step = checkpoint.get("global_step")
-    return RunCheckpoint(path, int(step) if step is not None else None, finished)
-
-
-_UNREADABLE = "it is torn, or holds pickled Python objects, which a Lightning checkpoint never does"
-_NOT_LIGHTNING = "torch.save wrote it, but not Lightning: it holds no model state_dict"
-
-
-def _not_a_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a checkpoint, told from the file alone; ``None`` if it may be one.
-
-    Every checkpoint ``torch.save`` writes is a zip archive; the unpickler would fail on
-    anything else with an error that names neither the file nor the fix.
-    """
-    if not path.is_file():
-        return "no such file"
-    if path.stat().st_size == 0:
-        return "it is empty (0 bytes)"
-    if not zipfile.is_zipfile(path):
-        return "it is not a zip archive, as every checkpoint Lightning writes is"
-    return None

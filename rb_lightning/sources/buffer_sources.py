@@ -44,6 +44,7 @@ from typing import Any
 from torchrl.data import ReplayBuffer
 
 from rb_lightning.errors import ArgumentTypeError, PathNotFoundError, SourceError, UsageError
+from rb_lightning.persist.manifest import MANIFEST
 from rb_lightning.torchrl_compat import DUMPS_MARKER, is_dumps_directory, loads_with_strings
 
 
@@ -90,6 +91,16 @@ class LoadDirectory(BufferSource):
             )
             raise PathNotFoundError(
                 f"LoadDirectory(path={str(path)!r}): no such directory. {how}", argument="path"
+            )
+        if (self.path / MANIFEST).is_file():
+            raise PathNotFoundError(
+                f"LoadDirectory(path={str(path)!r}): the directory holds {MANIFEST}, so it was "
+                "written by rb_lightning.checkpoint.dump_buffer, not by ReplayBuffer.dumps(path), "
+                "the format LoadDirectory reads. Fill the buffer from it with a CallSource "
+                "instead: {class_path: rb_lightning.sources.CallSource, init_args: {function: "
+                f"'rb_lightning.checkpoint:load_buffer', kwargs: {{path: {str(path)!r}}}}}}} (in "
+                "Python: rb_lightning.checkpoint.load_buffer(rb, path)).",
+                argument="path",
             )
         if not is_dumps_directory(self.path):
             raise PathNotFoundError(

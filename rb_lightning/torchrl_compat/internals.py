@@ -205,6 +205,7 @@ SAMPLER_SETTINGS: dict[str, str] = {
     "drop_last": "drop_last",
     "shuffle": "shuffle",
     "group_size": "group_size",  # rb_lightning.llm.groups.GroupSampler
+    "max_staleness": "max_staleness",  # GroupSampler's too; recorded, not compared on resume
 }
 
 

@@ -6,10 +6,15 @@ import warnings
 
 import pytest
 import torch
+import yaml
+from cli_helpers import QUIET_TRAINER, run_cli, tensor_dict_buffer, toy_config, write_config
+from cli_toy import fill_regression
+from script_runs import run_train_py
 from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 
 from rb_lightning import ReplayBufferDataModule
+from rb_lightning.persist.dumps import dump_buffer
 from rb_lightning.sources.buffer_sources import (
     CallSource,
     LoadDirectory,
@@ -155,3 +160,39 @@ def test_prefetching_buffer_must_share_the_batch_size():
     ):
         ReplayBufferDataModule(rb, batch_size=8)
     ReplayBufferDataModule(rb, batch_size=4)
+
+
+def test_load_directory_of_a_dump_buffer_folder_names_its_format_and_the_source_that_reads_it(
+    tmp_path,
+):
+    """A dump_buffer folder (with a manifest) is not torchrl's dumps format: say so, and how to
+    load it; a wrapped buffer's dump used to end in 'FileNotFoundError: ... buffer_metadata.json'
+    blaming the receiving buffer's build."""
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(50))
+    fill_regression(rb, n=64)  # wraps: the dump holds a whole storage, as torchrl writes one
+    dump_buffer(rb, tmp_path / "dumped")
+    config = toy_config(tensor_dict_buffer(50), num_batches=2)
+    load = {"class_path": "rb_lightning.sources.LoadDirectory", "init_args": {"path": "dumped"}}
+    config["data"]["init_args"]["source"] = load
+    quiet = [*QUIET_TRAINER, "--trainer.max_steps=2"]
+    failed = run_train_py(
+        ["fit", "--config", str(write_config(config, tmp_path)), *quiet], tmp_path
+    )
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    line = failed.stderr.strip().splitlines()[-1]
+    assert (
+        "LoadDirectory(path='dumped'): the directory holds manifest.json, so it was written by"
+        in line
+    )
+    assert "rb_lightning.checkpoint.dump_buffer, not by ReplayBuffer.dumps(path)" in line
+    assert "buffer_metadata.json" not in line
+    # The source the message gives, as it gives it, loads the folder.
+    advised = line[line.index("{class_path") : line.index(" (in Python")]
+    config["data"]["init_args"]["source"] = yaml.safe_load(
+        advised.replace("'dumped'", repr(str(tmp_path / "dumped")))
+    )
+    cli = run_cli(
+        ["fit", "--config", str(write_config(config, tmp_path)), "--trainer.max_steps=2"], tmp_path
+    )
+    assert cli.trainer.global_step == 2 and len(cli.datamodule.replay_buffer) == 50

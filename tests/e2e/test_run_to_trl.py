@@ -105,7 +105,7 @@ def test_main_job_exports_numeric_columns_that_load_back(tmp_path):
     assert "its buffer inside the .ckpt" in out and "left out    index" in out
 
     back = from_hf_dataset(datasets.load_from_disk(str(tmp_path / "transitions")))
-    saved = open_saved_buffer(run).replay_buffer
+    saved = open_saved_buffer(run)
     assert len(back) == len(saved) >= 1000  # the collector's first 1,000 random frames at least
     expected = saved[: len(saved)]
     restored = back[: len(back)]

@@ -32,7 +32,7 @@ from torchrl.data import (
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import BufferMixture, ReplayBufferDataModule
-from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
+from rb_lightning.buffers.reader import SavedBuffer, load_buffer
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.hf.cli import main
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
@@ -187,7 +187,7 @@ def test_a_run_directory_means_its_last_checkpoint(tmp_path, capsys):
     run = tmp_path / "runs" / "toy" / "version_0"
     _fit(run / "checkpoints", rb)
     for given in (run, run.parent):  # runs/<config>/version_0, runs/<config>: the newest run
-        saved = open_saved_buffer(given)
+        saved = SavedBuffer.read(given)
         assert saved.path == run / "checkpoints" / "last.ckpt"
         assert saved.replay_buffer[:]["x"].tolist() == list(range(10))
     # load_buffer takes a checkpoint or a run directory as well as a dump.

@@ -7,8 +7,10 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from rb_lightning.errors import BufferStateError, UsageError
+from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
+from rb_lightning.errors import BufferCheckpointError, BufferStateError, UsageError
 from rb_lightning.llm.groups import GroupSampler
+from rb_lightning.persist.dumps import dump_buffer
 
 
 def _groups(first: int, count: int, size: int, version: int) -> TensorDict:
@@ -99,3 +101,18 @@ def test_dumps_and_loads_round_trip(tmp_path):
     restored = GroupSampler(8, max_staleness=0)
     restored.loads(tmp_path / "sampler")
     assert restored.consumer_version == 17
+
+
+def test_a_dump_records_max_staleness_which_a_resume_may_change(tmp_path):
+    rb, _ = _buffer(max_staleness=0)
+    rb.extend(_groups(0, 4, 4, 0))
+    dump_buffer(rb, tmp_path / "dump")
+    assert open_saved_buffer(tmp_path / "dump").sampler.max_staleness == 0  # None before
+    # Staleness is a setting of the run, not of the stored groups: a resume may loosen it...
+    looser, _ = _buffer(max_staleness=2)
+    load_buffer(looser, tmp_path / "dump")
+    assert len(looser) == 16
+    # ...while the group size shapes what is drawn, so another one is refused.
+    other = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=GroupSampler(2))
+    with pytest.raises(BufferCheckpointError, match=r"saved GroupSampler\(group_size=4\)"):
+        load_buffer(other, tmp_path / "dump")

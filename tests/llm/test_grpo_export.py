@@ -6,12 +6,14 @@ import pytest
 from grpo_probe import GRPO_CONFIG, QUIET, train
 
 from rb_lightning import to_hf_dataset
+from rb_lightning.buffers.reader import open_saved_buffer
 from rb_lightning.llm.data import (
     arithmetic_partial_reward,
     arithmetic_reward,
     make_tokenizer,
     solve,
 )
+from rb_lightning.llm.groups import GroupSampler
 from rb_lightning.llm.pairs import preference_pairs, with_text
 
 trl = pytest.importorskip("trl")
@@ -30,7 +32,7 @@ def _args(tmp_path, **extra):
 
 
 @pytest.fixture(scope="module")
-def stored_groups(tmp_path_factory):
+def grpo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo_run")
     done = train(
         ["fit", "--config", str(GRPO_CONFIG), "--trainer.max_steps=2", *QUIET,
@@ -38,7 +40,12 @@ def stored_groups(tmp_path_factory):
         root,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    run = root / "runs" / "llm_grpo" / "version_0"
+    return root / "runs" / "llm_grpo" / "version_0"
+
+
+@pytest.fixture(scope="module")
+def stored_groups(grpo_run):
+    run = grpo_run
     # The shipped config stores token ids, not strings: with_text decodes them.
     keys = ["input_ids", "attention_mask", "completion_mask", "reward", "group"]
     rows = with_text(to_hf_dataset(run, streaming=False, keys=keys), make_tokenizer())
@@ -58,6 +65,16 @@ def test_exported_rows_are_whole_groups_with_prompt_completion_reward(stored_gro
     assert stored_groups["reward"] == pytest.approx(
         arithmetic_partial_reward(stored_groups["completion"], stored_groups["prompt"])
     )
+
+
+def test_open_saved_buffer_is_a_replay_buffer_with_the_run_sampler(grpo_run):
+    # docs/trl.md: open_saved_buffer(path) gives a ReplayBuffer built like the saved one.
+    rb = open_saved_buffer(grpo_run / "checkpoints" / "last.ckpt")
+    assert len(rb) == 2 * 8 * 8 and rb.storage.max_size == 1024
+    assert len(rb.sample(16)["group"].unique()) == 2  # whole groups of 8
+    # configs/llm_grpo.yaml's GroupSampler(group_size=8, max_staleness=0), as the run had it.
+    assert isinstance(rb.sampler, GroupSampler)
+    assert (rb.sampler.group_size, rb.sampler.max_staleness) == (8, 0)
 
 
 def test_grpo_trainer_trains_on_the_exported_prompts(stored_groups, tmp_path):

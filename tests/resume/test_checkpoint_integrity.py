@@ -119,11 +119,11 @@ def test_checksums_are_of_the_bytes_on_disk_and_restore_exactly(saved, tmp_path)
     assert torch.equal(target[:]["next", "obs"], _transitions(ITEMS)["next", "obs"])
 
 
-def test_every_file_of_every_kind_of_dump_is_checksummed(tmp_path):
+def test_every_file_of_every_layout_of_dump_is_checksummed(tmp_path):
     small = ReplayBuffer(storage=LazyTensorStorage(8), generator=torch.Generator())
     small.extend(_transitions(12))  # wrapped: written whole by torchrl's checkpointer
     manifest = dump_buffer(small, tmp_path / "whole", pending_batches=[_transitions(2)])
-    assert manifest["kind"] == "whole_storage"
+    assert manifest["layout"] == "whole_storage"
     assert set(manifest["xxh3_64"]) == set(manifest["files"])
     assert any(name.startswith("pending_batches/") for name in manifest["files"])
     _flip_middle_byte(tmp_path / "whole" / "pending_batches" / "0" / "obs.memmap")

@@ -106,7 +106,7 @@ def test_actor_dump_prefetch_pickle_is_checked_without_running_code(tmp_path):
     root = tmp_path / "torchrl"
     dump_buffer(rb, root)
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["kind"] = "torchrl_dumps"
+    manifest["layout"] = "torchrl_dumps"
     (root / "manifest.json").write_text(json.dumps(manifest))
     (root / "prefetch.pkl").write_bytes(pickle.dumps({"version": 1, "queue": ()}))
     _reseal(root)

@@ -59,7 +59,7 @@ def test_partly_full_buffer_round_trip_is_exact(tmp_path, sampler):
     if sampler == "prioritized":
         rb.update_priority(torch.arange(40), torch.arange(40).float() % 5 + 1)
     manifest = dump_buffer(rb, tmp_path / "dump")
-    assert manifest["kind"] == "filled_rows" and manifest["capacity"] == 200
+    assert manifest["layout"] == "filled_rows" and manifest["capacity"] == 200
     restored = make_buffer(sampler, capacity=200, seed=7)
     restored.extend(items(150, 5_000))  # content that must go away
     load_buffer(restored, tmp_path / "dump")
@@ -83,7 +83,7 @@ def test_partly_full_buffer_round_trip_is_exact(tmp_path, sampler):
 def test_wrapped_buffer_is_written_whole(tmp_path):
     rb = make_buffer(capacity=50)
     rb.extend(items(20, 100))  # 60 written into 50 slots
-    assert dump_buffer(rb, tmp_path / "d")["kind"] == "whole_storage"
+    assert dump_buffer(rb, tmp_path / "d")["layout"] == "whole_storage"
 
 
 def test_restoring_into_another_capacity_is_refused(tmp_path):
@@ -103,10 +103,10 @@ def test_trainer_resume_of_a_partly_full_prioritized_buffer_matches_straight_run
     straight = run(tmp_path / "straight", 8)
     first = run(tmp_path / "resumed", 4)
     ckpt = tmp_path / "resumed" / "ckpt" / "last.ckpt"
-    kinds = {
-        read_manifest(version)["kind"] for version in Path(f"{ckpt.resolve()}.buffer").iterdir()
+    layouts = {
+        read_manifest(version)["layout"] for version in Path(f"{ckpt.resolve()}.buffer").iterdir()
     }
-    assert kinds == {"filled_rows"}
+    assert layouts == {"filled_rows"}
     resumed = run(tmp_path / "resumed", 8, ckpt_path="last", filled=False)
     assert first.seen == straight.seen[:4]
     assert resumed.seen == straight.seen[4:]

@@ -21,7 +21,7 @@ from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, R
 from trainers import quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.buffers.reader import open_saved_buffer
+from rb_lightning.buffers.reader import SavedBuffer
 from rb_lightning.errors import BufferCheckpointError
 
 ray = pytest.importorskip("ray")
@@ -105,7 +105,7 @@ def test_ray_buffer_is_restored_to_its_saved_length_and_priorities(cluster, tmp_
         versions = list((tmp_path / "ckpt" / "epoch=0-step=4.ckpt.buffer").iterdir())
         assert len(versions) == 1 and (versions[0] / "sampler" / "sumtree.memmap").exists()
         # What the actor saved reads back without Ray, e.g. for rb-lightning-export-hf.
-        exported = open_saved_buffer(checkpoint)
+        exported = SavedBuffer.read(checkpoint)
         assert "a Ray buffer's content, saved beside it by its actor" in exported.kind
         assert exported.replay_buffer[:]["id"].tolist() == saved["ids"]
 

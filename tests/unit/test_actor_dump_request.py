@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rb_lightning.distributed.ray_checkpoint import RemoteDumpRequest
-from rb_lightning.distributed.sharded import KIND, sharded_state
+from rb_lightning.distributed.sharded import LAYOUT, sharded_state
 from rb_lightning.errors import BufferCheckpointError
 from rb_lightning.persist.manifest import read_manifest, write_manifest
 from rb_lightning.persist.record import BufferRecord
@@ -27,7 +27,7 @@ def _dump(length: int):
     def dump(path: Path) -> dict[str, Any]:
         path.mkdir()
         (path / "items.bin").write_bytes(bytes(length))
-        return write_manifest(path, {"kind": "x", "len": length, "write_count": length}, {})
+        return write_manifest(path, {"layout": "x", "len": length, "write_count": length}, {})
 
     return dump
 
@@ -76,7 +76,7 @@ def test_a_sharded_buffer_saves_the_reference_and_manifest_it_saved_before(tmp_p
         "write_count": 7,
     }
     manifest = read_manifest(path)
-    assert (manifest["kind"], manifest["num_shards"], manifest["build"]) == (KIND, 2, {})
+    assert (manifest["layout"], manifest["num_shards"], manifest["build"]) == (LAYOUT, 2, {})
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "shard_0", "shard_1"]
 
 

@@ -79,7 +79,7 @@ def test_manifest_records_build_and_files(tmp_path):
     rb.extend(_items(3))
     dump_buffer(rb, tmp_path / "dump")
     manifest = read_manifest(tmp_path / "dump")
-    assert manifest["kind"] == "filled_rows"
+    assert manifest["layout"] == "filled_rows"
     assert manifest["build"]["sampler"] == "PrioritizedSampler"
     assert manifest["build"]["sampler_settings"]["alpha"] == pytest.approx(0.7)
     assert all(
@@ -119,11 +119,11 @@ def test_newer_format_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("change", "detail"),
     [
-        ({"kind": "list_state_dict"}, "kind 'list_state_dict'"),
+        ({"layout": "list_state_dict"}, "layout 'list_state_dict'"),
         ({"build": None}, "records no build"),
         ({"format": 0}, "format 0"),
     ],
-    ids=["unknown-kind", "no-build-record", "format-0"],
+    ids=["unknown-layout", "no-build-record", "format-0"],
 )
 def test_unreleased_older_layout_is_refused_with_the_fix(tmp_path, change, detail):
     rb = _buffer()

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
-from rb_lightning.buffers.reader import load_buffer, open_saved_buffer
+from rb_lightning.buffers.reader import SavedBuffer, load_buffer, open_saved_buffer
 from rb_lightning.buffers.state import buffer_state, restore_buffer_state
 from rb_lightning.errors import BufferCheckpointError, NotEnoughDiskSpaceError, UsageError
 from rb_lightning.lightning.checkpoint_io import BufferCheckpointIO
@@ -217,9 +217,8 @@ def test_elastic_resume_and_open_saved_buffer_read_a_chunked_checkpoint(tmp_path
         for row, i in enumerate(_ids(share)):
             assert share.sampler._sum_tree[row] == pytest.approx(saved_priority[i])
 
-    opened = open_saved_buffer(tmp_path / "last.ckpt")
-    assert _ids(opened.replay_buffer) == saved
-    assert "its buffer saved beside it" in opened.kind
+    assert _ids(open_saved_buffer(tmp_path / "last.ckpt")) == saved
+    assert "its buffer saved beside it" in SavedBuffer.read(tmp_path / "last.ckpt").kind
 
 
 def _ids(rb: ReplayBuffer) -> list[int]:

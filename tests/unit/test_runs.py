@@ -11,7 +11,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from trainers import LinearOnX, quiet_trainer
 
 from rb_lightning import ReplayBufferDataModule
-from rb_lightning.persist.run_paths import latest_checkpoint
+from rb_lightning.persist.run_dirs import latest_checkpoint
 from rb_lightning.runs.run_files import FinalLastCheckpoint, RunLogger
 
 

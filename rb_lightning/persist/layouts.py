@@ -1,8 +1,10 @@
-"""The kinds of buffer dump, one class each, in one table keyed by the name the manifest records.
+"""The layouts of a buffer dump, one class each, in one table keyed by the name the manifest records.
 
-Each kind saves a buffer's items (:meth:`DumpKind.save`), checks that a
-buffer can take a saved dump before it is touched (:meth:`DumpKind.verify`)
-and loads it (:meth:`DumpKind.load`); sampler, writer and generator state go
+A dump's *layout* is how its files hold the items (the manifest's ``"layout"``, one of
+:data:`~rb_lightning.persist.manifest.Layout`); a checkpoint's *kind* is where its
+buffer is (:class:`~rb_lightning.persist.record.BufferRecord`). Each layout saves a buffer's items (:meth:`DumpLayout.save`), checks that a
+buffer can take a saved dump before it is touched (:meth:`DumpLayout.verify`)
+and loads it (:meth:`DumpLayout.load`); sampler, writer and generator state go
 through :mod:`rb_lightning.persist.components`. Only tensors and JSON are
 written, never a pickle.
 
@@ -16,18 +18,18 @@ written, never a pickle.
 * ``torchrl_dumps`` and ``remote_empty``: written by a Ray buffer's actor with
   torchrl's ``dumps`` (:mod:`rb_lightning.distributed.ray_checkpoint`), read here too.
 
-:func:`kind_of` picks the kind a buffer is saved as (the first of :data:`KINDS`
-that matches it), :func:`kind_named` the one a manifest names.
+:func:`layout_of` picks the layout a buffer is saved in (the first of :data:`LAYOUTS`
+that matches it), :func:`layout_named` the one a manifest names.
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
-    >>> kind_of(rb).name
+    >>> layout_of(rb).name
     'empty_buffer'
     >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
-    >>> kind_of(rb).name, kind_of(ReplayBuffer(storage=ListStorage(8))).name
+    >>> layout_of(rb).name, layout_of(ReplayBuffer(storage=ListStorage(8))).name
     ('filled_rows', 'list_items')
 """
 
@@ -50,7 +52,7 @@ from torchrl.data.replay_buffers.storages import (
 
 from rb_lightning import torchrl_compat
 from rb_lightning.errors import BufferCheckpointError
-from rb_lightning.persist.chunks import CHUNKED_KIND, check_chunk_files, load_chunked_rows
+from rb_lightning.persist.chunks import check_chunk_files, load_chunked_rows
 from rb_lightning.persist.components import dump_components, load_components, on_host
 from rb_lightning.persist.manifest import (
     LIST_DIR,
@@ -58,23 +60,24 @@ from rb_lightning.persist.manifest import (
     TENSOR_ROWS,
     TRANSFORM_STATE,
     Digests,
+    Layout,
     not_this_layout,
 )
 from rb_lightning.persist.mismatch import check_capacity, require_storage, unloadable
 
 __all__ = [
-    "KINDS",
+    "LAYOUTS",
     "ActorDump",
     "ActorEmpty",
     "ChunkedRows",
-    "DumpKind",
+    "DumpLayout",
     "EmptyBuffer",
     "FilledRows",
     "ListItems",
     "WholeStorage",
-    "actor_dump_kind",
-    "kind_named",
-    "kind_of",
+    "actor_dump_layout",
+    "layout_named",
+    "layout_of",
     "writes_filled_rows_only",
 ]
 
@@ -82,14 +85,14 @@ __all__ = [
 _ROW_STORAGES = (TensorStorage, LazyTensorStorage, LazyMemmapStorage)
 
 
-class DumpKind:
+class DumpLayout:
     """One way of writing a buffer's items into a dump directory, and of reading them back."""
 
-    #: The name the manifest records (``"kind"``).
-    name: ClassVar[str]
+    #: The name the manifest records (``"layout"``).
+    name: ClassVar[Layout]
 
     def matches(self, replay_buffer: ReplayBuffer) -> bool:
-        """Whether :func:`kind_of` saves ``replay_buffer`` as this kind."""
+        """Whether :func:`layout_of` saves ``replay_buffer`` in this layout."""
         return False
 
     def save(self, replay_buffer: ReplayBuffer, root: Path, digests: Digests) -> dict[str, Any]:
@@ -104,7 +107,7 @@ class DumpKind:
         raise NotImplementedError
 
 
-class ListItems(DumpKind):
+class ListItems(DumpLayout):
     """A ``ListStorage``: one memory-mapped TensorDict per item (tensors and dicts wrapped)."""
 
     name = "list_items"
@@ -159,7 +162,7 @@ class ListItems(DumpKind):
         load_components(replay_buffer, root, manifest)
 
 
-class EmptyBuffer(DumpKind):
+class EmptyBuffer(DumpLayout):
     """A buffer without data (torchrl cannot dump a storage that never received any)."""
 
     name = "empty_buffer"
@@ -177,7 +180,7 @@ class EmptyBuffer(DumpKind):
 
 
 def writes_filled_rows_only(replay_buffer: ReplayBuffer) -> bool:
-    """Whether a dump of ``replay_buffer`` holds only its filled rows (kind ``filled_rows``).
+    """Whether a dump of ``replay_buffer`` holds only its filled rows (layout ``filled_rows``).
 
     True for a ``TensorStorage`` / ``LazyTensorStorage`` / ``LazyMemmapStorage``
     with one storage dimension that holds data and has not wrapped
@@ -198,7 +201,7 @@ def writes_filled_rows_only(replay_buffer: ReplayBuffer) -> bool:
     )
 
 
-class FilledRows(DumpKind):
+class FilledRows(DumpLayout):
     """Rows ``[0, len)`` of a tensor storage that has not wrapped, as a memory-mapped TensorDict."""
 
     name = "filled_rows"
@@ -241,13 +244,13 @@ class FilledRows(DumpKind):
         load_components(replay_buffer, root, manifest)
 
 
-class WholeStorage(DumpKind):
+class WholeStorage(DumpLayout):
     """A tensor storage written whole by its own checkpointer (memmaps and JSON)."""
 
-    name = "whole_storage"
+    name: ClassVar[Layout] = "whole_storage"  # ActorDump, a subclass, has its own
 
     def matches(self, replay_buffer: ReplayBuffer) -> bool:
-        return True  # the last of KINDS to be tried: what no other kind takes
+        return True  # the last of LAYOUTS to be tried: what no other layout takes
 
     def save(self, replay_buffer: ReplayBuffer, root: Path, digests: Digests) -> dict[str, Any]:
         storage = replay_buffer.storage
@@ -286,14 +289,14 @@ class WholeStorage(DumpKind):
         return manifest
 
 
-class ChunkedRows(DumpKind):
+class ChunkedRows(DumpLayout):
     """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.persist.chunks`).
 
-    Never picked by :func:`kind_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
+    Never picked by :func:`layout_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
     writes it; read here like any other dump.
     """
 
-    name = CHUNKED_KIND
+    name = "chunked_rows"
 
     def save(self, replay_buffer: ReplayBuffer, root: Path, digests: Digests) -> dict[str, Any]:
         raise BufferCheckpointError(
@@ -336,7 +339,7 @@ class ActorDump(WholeStorage):
         return {**manifest, **json.loads(metadata.read_text())}
 
 
-class ActorEmpty(DumpKind):
+class ActorEmpty(DumpLayout):
     """A Ray buffer that held no data when saved: nothing but the manifest."""
 
     name = "remote_empty"
@@ -348,10 +351,10 @@ class ActorEmpty(DumpKind):
         replay_buffer.empty()
 
 
-#: Every kind, by the name a manifest records. :func:`kind_of` tries them in this order.
-KINDS: dict[str, DumpKind] = {
-    kind.name: kind
-    for kind in (
+#: Every layout, by the name a manifest records. :func:`layout_of` tries them in this order.
+LAYOUTS: dict[str, DumpLayout] = {
+    layout.name: layout
+    for layout in (
         ListItems(),
         EmptyBuffer(),
         FilledRows(),
@@ -363,19 +366,19 @@ KINDS: dict[str, DumpKind] = {
 }
 
 
-def kind_of(replay_buffer: ReplayBuffer) -> DumpKind:
-    """The kind ``replay_buffer`` is saved as: the first of :data:`KINDS` that matches it."""
-    return next(kind for kind in KINDS.values() if kind.matches(replay_buffer))
+def layout_of(replay_buffer: ReplayBuffer) -> DumpLayout:
+    """The layout ``replay_buffer`` is saved in: the first of :data:`LAYOUTS` that matches it."""
+    return next(layout for layout in LAYOUTS.values() if layout.matches(replay_buffer))
 
 
-def kind_named(name: Any, root: Path) -> DumpKind:
-    """The kind a manifest names; :class:`BufferCheckpointError` for a name of no known kind."""
-    kind = KINDS.get(name) if isinstance(name, str) else None
-    if kind is None:
-        raise not_this_layout(root, f"a dump of kind {name!r}")
-    return kind
+def layout_named(name: Any, root: Path) -> DumpLayout:
+    """The layout a manifest names; :class:`BufferCheckpointError` for a name of no known one."""
+    layout = LAYOUTS.get(name) if isinstance(name, str) else None
+    if layout is None:
+        raise not_this_layout(root, f"a dump of layout {name!r}")
+    return layout
 
 
-def actor_dump_kind(length: int) -> str:
-    """The kind of a dump a Ray buffer's actor wrote of ``length`` items."""
+def actor_dump_layout(length: int) -> Layout:
+    """The layout of a dump a Ray buffer's actor wrote of ``length`` items."""
     return ActorDump.name if length else ActorEmpty.name

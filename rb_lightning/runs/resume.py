@@ -1,4 +1,4 @@
-"""Run directories as the command line sees them: where a config's runs live, how to resume one.
+"""``--ckpt_path last`` from a config: where its runs live, whether one can go on, what is said.
 
 Read from the parsed config (a jsonargparse ``Namespace``) before anything is
 built, so ``--ckpt_path last`` can pick the run, check that it can go on, and
@@ -13,9 +13,9 @@ from pathlib import Path
 from jsonargparse import Namespace
 
 from rb_lightning.errors import ConfigError
-from rb_lightning.persist.run_paths import run_checkpoint
+from rb_lightning.persist.run_dirs import RunCheckpoint, shown
 from rb_lightning.runs.config_errors import import_class
-from rb_lightning.runs.run_files import RunCheckpoint, RunLogger, read_run_checkpoint
+from rb_lightning.runs.run_files import RunLogger
 
 
 def _logger_entries(trainer: Namespace) -> list[Namespace]:
@@ -52,28 +52,6 @@ def checkpoint_dirs(trainer: Namespace) -> list[Path]:
     return dirs
 
 
-#: What a fit writes into its new run directory before its first step.
-_WRITTEN_AT_START = {"config.yaml", "hparams.yaml"}
-
-
-def remove_unstarted_run(run_dir: Path) -> bool:
-    """Remove ``run_dir`` if it holds only what a fit writes before its first step.
-
-    A fit that fails to start (a checkpoint that does not fit the config) would leave
-    ``version_<N>/config.yaml`` alone, and ``--ckpt_path last`` would then pick that
-    run, which has nothing to resume, over the earlier one that has.
-    """
-    if not run_dir.is_dir():
-        return False
-    entries = list(run_dir.iterdir())
-    if not all(entry.is_file() and entry.name in _WRITTEN_AT_START for entry in entries):
-        return False
-    for entry in entries:
-        entry.unlink()
-    run_dir.rmdir()
-    return True
-
-
 def set_logger_args(trainer: Namespace, *, version: str, purge_step: int | None) -> None:
     for entry in _logger_entries(trainer):
         if entry.get("init_args") is None:
@@ -98,28 +76,6 @@ def check_extends(found: RunCheckpoint, trainer: Namespace) -> None:
         )
 
 
-def shown(path: Path) -> str:
-    """``path`` relative to the working directory when it is below it, as a user types it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _describe_end(found: RunCheckpoint) -> str:
-    step = "step ?" if found.step is None else f"step {found.step:,}"
-    if found.finished == "max_steps":
-        return f"finished at max_steps, {step}"
-    if found.finished:
-        return f"finished, {step}"
-    return f"resumable from {step}"
-
-
-def describe_run(run_dir: Path) -> str:
-    path = run_checkpoint(run_dir)
-    return f"{shown(path)} ({_describe_end(read_run_checkpoint(path))})" if path else f"{run_dir}"
-
-
 def resume_line(subcommand: str, found: RunCheckpoint, trainer: Namespace, in_own_run: bool) -> str:
     step = "an unknown step" if found.step is None else f"step {found.step:,}"
     if subcommand != "fit":
@@ -139,11 +95,8 @@ def resume_line(subcommand: str, found: RunCheckpoint, trainer: Namespace, in_ow
 __all__ = [
     "check_extends",
     "checkpoint_dirs",
-    "describe_run",
     "has_logger",
-    "remove_unstarted_run",
     "resume_line",
     "run_root",
     "set_logger_args",
-    "shown",
 ]
