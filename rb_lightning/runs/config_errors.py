@@ -181,6 +181,8 @@ def instantiation_error(err: BaseException, config: Any) -> ConfigError:
         return ConfigError(f"{key}.init_args.{leaf.argument}", one_paragraph(str(leaf)))
     what = f"{class_path}(...) raised " if class_path else ""
     reason = f"{what}{type(leaf).__name__}: {one_paragraph(str(leaf))}"
+    if "InvalidAuthToken" in str(leaf):  # Ray's message embeds a traceback: not repeated
+        return ConfigError(key, RAY_TOKEN_NEEDED)
     if isinstance(leaf, ConnectionError) and "ray" in str(leaf).lower():
         reason += (
             " The config joins a running Ray cluster (ray_init_config: {address: auto}) and "
@@ -188,6 +190,15 @@ def instantiation_error(err: BaseException, config: Any) -> ConfigError:
             "remove `address` from ray_init_config to start a local one in this process."
         )
     return ConfigError(key, reason)
+
+
+#: A cluster made by ``ray start`` (Ray 2.60) refuses processes that do not send its token.
+RAY_TOKEN_NEEDED = (
+    "the Ray cluster refused this process: it uses token authentication (`ray start` turns "
+    "it on and writes the token to ~/.ray/auth_token). Run with RAY_AUTH_MODE=token, e.g. "
+    "`export RAY_AUTH_MODE=token` before `ray start` and `python train.py fit ...`; on a "
+    "machine without that file, also set RAY_AUTH_TOKEN to the cluster's token."
+)
 
 
 def _configured_classes(config: Any) -> list[tuple[str, str, type]]:

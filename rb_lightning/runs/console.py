@@ -14,7 +14,7 @@ import sys
 
 from rb_lightning.errors import RBLightningError, UsageError
 from rb_lightning.runs import preflight, shipped_configs
-from rb_lightning.runs.startup import stop_at_once_on_ctrl_c
+from rb_lightning.runs.startup import send_ray_start_token, stop_at_once_on_ctrl_c
 from rb_lightning.runs.user_errors import exit_with, program
 
 __all__ = ["answer_early", "main", "overview"]
@@ -73,6 +73,7 @@ def answer_early(args: list[str]) -> None:
         preflight.check(args)
     except RBLightningError as err:
         exit_with(err)
+    send_ray_start_token()  # before torchrl imports Ray, which reads it then
 
 
 def main() -> None:

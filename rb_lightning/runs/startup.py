@@ -28,6 +28,7 @@ __all__ = [
     "INTERRUPT_EXIT_CODE",
     "STARTUP_INTERRUPT_LINE",
     "exit_on_ctrl_c",
+    "send_ray_start_token",
     "hand_ctrl_c_to_the_trainer",
     "stop_at_once_on_ctrl_c",
 ]
@@ -54,3 +55,21 @@ def hand_ctrl_c_to_the_trainer() -> None:
     """Give Ctrl-C back to Python's ``KeyboardInterrupt``: the Trainer handles it from here."""
     if signal.getsignal(signal.SIGINT) is exit_on_ctrl_c:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def send_ray_start_token() -> None:
+    """Join a cluster that ``ray start`` made as ``ray start`` would: with its token.
+
+    ``ray start`` (Ray 2.60) turns token authentication on and writes the token to
+    ``~/.ray/auth_token``, but a process joining it sends the token only under
+    ``RAY_AUTH_MODE=token``; without it the run waits 20 s and fails. Where a token is at
+    hand and the mode is unset, set it (a cluster without authentication accepts a
+    process that sends one). ``RAY_AUTH_MODE=disabled`` keeps it off. Ray reads the mode
+    when it is imported: call this first.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file):
+        os.environ["RAY_AUTH_MODE"] = "token"
+

@@ -281,3 +281,34 @@ def test_a_killed_buffer_actor_stops_the_run_in_one_paragraph_and_it_resumes(clu
     again.process.wait(timeout=300)
     assert again.process.returncode == 0, again.text()[-3000:]
     assert "fit stopped at step 1,010" in again.text()
+
+
+def test_the_ray_config_joins_a_ray_start_cluster_as_typed(tmp_path):
+    # docs/scaling.md: `ray start --head`, then `python train.py fit --config
+    # configs/cartpole_dqn_ray.yaml`, nothing else. `ray start` (Ray 2.60) turns token
+    # authentication on and writes the token to a file (~/.ray/auth_token; here
+    # RAY_AUTH_TOKEN_PATH), and Ray's client sends it only under RAY_AUTH_MODE=token, which
+    # a user does not type: without train.py setting it, this run fails after 20 s.
+    pytest.importorskip("gymnasium")
+    from ray_nodes import RayNode, cluster_env
+
+    token = "0" * 64
+    head = RayNode({"head": 8}, cluster_env(None, token, str(REPO)))
+    try:
+        token_file = tmp_path / "auth_token"
+        token_file.write_text(token)
+        env = {**cluster_env(f"127.0.0.1:{head.port}", token, str(REPO))}
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "MASTER_PORT", "RB_LIGHTNING_DEBUG"):
+            env.pop(name, None)
+        env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+        done = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), "fit", "--config",
+             str(REPO / "configs" / "cartpole_dqn_ray.yaml"), "--trainer.max_steps=20",
+             f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        head.kill()
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "fit stopped at step 20" in out
