@@ -280,11 +280,16 @@ _UNCONFIRMED: weakref.WeakKeyDictionary[Any, _UnconfirmedUpdates] = weakref.Weak
 def _drain_at_exit() -> None:
     """At interpreter exit, before Ray's own shutdown (registered later: runs first): a
     process that updates and exits (a DDP rank after ``fit``) still delivers its updates."""
+    import ray
+
     for replay_buffer in list(_UNCONFIRMED.keys()):
         try:
             drained(replay_buffer)
-        except Exception as err:  # the actor may be gone already; say so, do not raise at exit
-            logger.warning("Priority updates for %s were not confirmed: %s", replay_buffer, err)
+        except (ray.exceptions.RayActorError, BufferStateError):
+            pass  # the actor is gone: the run said so (its updates went with its items)
+        except Exception as err:  # do not raise at exit; say what was not confirmed
+            name = type(replay_buffer).__name__
+            logger.warning("Priority updates for a %s were not confirmed: %s", name, err)
 
 
 def send_priority_update(
