@@ -1,23 +1,11 @@
 """Buffer handles: what kind of buffer a run trains from, decided once.
 
-A replay buffer reaches the DataModule as one of four kinds, and each kind
-samples, takes priorities, checkpoints and meets DataLoader workers in its own
-way. :func:`resolve_buffer` is the one place that looks at the kind; it returns
-a :class:`BufferHandle` and everything else (the DataModule, the stream, the
-collector, the Hugging Face export) talks to that interface only:
-
-============================  ===================  =========================================
-given                         handle               checkpointed
-============================  ===================  =========================================
-a ``ReplayBuffer``            :class:`LocalBuffer`   in the ``.ckpt`` or beside it
-the same, under DDP           :class:`RankBuffers`   one dump per rank, beside the ``.ckpt``
-a Ray-served buffer           ``RemoteBuffer``       by its actor, once, beside the ``.ckpt``
-a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
-============================  ===================  =========================================
-
-A new kind of buffer is a new handle, registered
-(:func:`~rb_lightning.buffers.registry.register_buffer_kind`), not a branch in
-every module using a buffer: :mod:`rb_lightning.distributed` registers the Ray kind.
+Each kind of buffer samples, takes priorities, checkpoints and meets DataLoader workers in
+its own way. :func:`resolve_buffer` is the one place that looks at the kind and returns a
+:class:`BufferHandle`: :class:`LocalBuffer` (a ``ReplayBuffer``), :class:`RankBuffers` (the
+same under DDP, a dump per rank), ``RemoteBuffer`` (Ray-served, saved by its actor) or
+:class:`MixtureBuffer` (a :class:`BufferMixture`, member by member). A new kind is a new
+handle, registered with :func:`~rb_lightning.buffers.registry.register_buffer_kind`.
 
 Examples:
     >>> import torch

@@ -1,25 +1,13 @@
 """The one reader of saved replay buffers: whatever wrote them, into a buffer or opened fresh.
 
-:func:`load_buffer` restores a buffer you built; :func:`open_saved_buffer`
-returns a fresh ``ReplayBuffer`` built like the saved one (``to_hf_dataset(path)``
-uses it; ``rb-lightning-export-hf`` reads through :meth:`SavedBuffer.read`, which
-also says what the path was). Both take the same paths and the same
-``member`` / ``rank``, and raise the same error for the same mistake
-(:class:`~rb_lightning.errors.SavedBufferError` and its subclasses; a damaged
-buffer is a :class:`~rb_lightning.errors.BufferCheckpointError`). A path is:
-
-* a Lightning run: its directory (``runs/<config>/version_<N>``, meaning its
-  ``checkpoints/last.ckpt``), a config's directory of runs (``runs/<config>``:
-  the newest ``last.ckpt``), or a ``.ckpt`` written by a run with a
-  :class:`~rb_lightning.ReplayBufferDataModule`, whichever way its buffer was
-  saved (the checkpoint's :class:`~rb_lightning.persist.record.BufferRecord`
-  says: inside the ``.ckpt``, beside it, per DDP rank, a mixture, a Ray actor's);
-* a :func:`~rb_lightning.checkpoint.dump_buffer` directory;
-* a ``ReplayBuffer.dumps(path)`` directory (tensor storages; opened only);
-* a ``torch.save(rb, path)`` file (or of a ``TensorDict`` of items): a pickle,
-  opened only with ``allow_pickle=True``.
-
-A checkpoint is read with ``torch.load(weights_only=True)``: nothing is unpickled.
+:func:`load_buffer` restores a buffer you built; :func:`open_saved_buffer` returns a fresh
+``ReplayBuffer`` built like the saved one (:meth:`SavedBuffer.read` also says what the path
+was). Both take the same paths and ``member`` / ``rank`` and raise the same
+:class:`~rb_lightning.errors.SavedBufferError` for the same mistake. A path is a Lightning
+run (its directory, a config's directory of runs, or a ``.ckpt``: its
+:class:`~rb_lightning.persist.record.BufferRecord` says where the buffer is), a
+:func:`~rb_lightning.checkpoint.dump_buffer` directory, a ``ReplayBuffer.dumps`` directory
+(opened only), or a ``torch.save`` pickle (opened only with ``allow_pickle=True``).
 
 Examples:
     >>> import tempfile

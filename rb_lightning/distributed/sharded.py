@@ -1,35 +1,15 @@
 """A replay buffer split over several Ray actors, sampled as one (needs the ``ray`` extra).
 
-One buffer actor has one sampler thread: every rank's batch waits for it, one
-round trip at a time. :class:`ShardedRayReplayBuffer` puts ``num_shards``
-Ray actors, each holding a torchrl ``ReplayBuffer``, behind one object usable wherever a
-``ReplayBuffer`` is expected (:class:`~rb_lightning.ReplayBufferDataModule`, a
-collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``):
-
-* writes go to one shard per ``extend`` call, round robin (or ``shard=rank``);
-* a batch of ``B`` draws ``B`` items from the shards in proportion to what each
-  holds (uniform) or to each one's priority mass (prioritized), so an item is
-  drawn as often as from one buffer holding everything; importance weights are
-  computed against the smallest priority of all shards, as one buffer would;
-* ``in_flight=k`` batches come per round trip, and the next ``k`` are on their way
-  while the step trains on these;
-* a priority update goes to the shard that holds the item and is dropped for a
-  slot written again since it was sampled (the slot's ``index_generation``, as
-  torchrl's ``update_if_present`` does);
-* ``len``, ``write_count`` are totals over the shards; :meth:`dumps` saves every
-  shard and :meth:`loads` brings them back onto any number of shards.
-
-One unit, in this module: the buffer, the DataModule's handle on it
-(:class:`ShardedBuffer`) and its checkpoints beside the ``.ckpt``
-(:func:`sharded_state`, :func:`restore_sharded_state`); the class its actors run is
-:mod:`~rb_lightning.distributed.shard_actor` (Ray sends that one by value).
-``import rb_lightning`` does not import this module.
+:class:`ShardedRayReplayBuffer` puts ``num_shards`` actors, each holding a torchrl
+``ReplayBuffer``, behind one object usable wherever a ``ReplayBuffer`` is expected. Writes
+go to one shard per ``extend``; a batch draws from the shards in proportion to their size
+(uniform) or priority mass (prioritized), with importance weights against the smallest
+priority of all shards; ``in_flight=k`` batches come per round trip; a priority update
+for a slot written again since its draw is dropped. This module also holds the
+DataModule's handle (:class:`ShardedBuffer`) and its checkpoints beside the ``.ckpt``;
+the actors run :mod:`~rb_lightning.distributed.shard_actor`.
 
 Example::
-
-    import torch
-    from tensordict import TensorDict
-    from rb_lightning.distributed import ShardedRayReplayBuffer
 
     rb = ShardedRayReplayBuffer(1_000, num_shards=2, prioritized=True,
                                 ray_init_config={"num_cpus": 2})

@@ -1,37 +1,19 @@
 """``AsyncGRPOModule``: GRPO whose groups are generated in a worker process beside training.
 
-The synchronous :class:`~rb_lightning.llm.grpo.GRPOModule` generates, then trains, on one
-thread. Here a :class:`~rb_lightning.llm.generation_worker.GenerationWorker` process
-generates batch ``i + 1`` (and up to ``max_staleness`` batches ahead) while the trainer
-trains step ``i``:
-
-* **bounded staleness**: batch ``i`` is trained at step ``i`` and generated with weights
-  of version ``>= i - max_staleness`` (the worker waits for newer weights otherwise),
-  where ``max_staleness`` is the ``GroupSampler``'s. The sampler (``order: oldest``) also
-  refuses anything older at the draw; what it passes over is counted
-  (``async/groups_dropped``);
-* **weights** are pushed to the worker after every ``weight_sync_every``-th optimizer step
-  (``weight_sync_every <= max_staleness + 1``, or the worker could wait forever);
-* **the rate limit** is the bound itself: generation runs at most ``max_staleness``
-  batches ahead of training, and the trainer waits for the batch it needs
-  (``async/trainer_wait_s``); the worker's waits for new enough weights are
-  ``async/generation_wait_s``;
-* **off-policy correction**: ``off_policy_correction="auto"`` is ``"decoupled"``
-  (:class:`~rb_lightning.llm.grpo.GRPOModule`) whenever ``max_staleness > 0``.
-
-Every group keeps its ``behaviour_log_probs`` and the ``policy_version`` of the weights
-that generated it. Groups received and not trained yet are in the buffer, and so in
-every checkpoint; the batches being generated or in the pipe when a run stops are
-dropped, and a resumed run generates them again (same prompts, newer weights).
-
-Runs are not bit-exact (when a batch is generated depends on the two processes'
-timing, so which weights generate it does too); ``configs/llm_grpo.yaml`` stays the
+A :class:`~rb_lightning.llm.generation_worker.GenerationWorker` generates batch ``i + 1``
+(up to ``max_staleness`` ahead) while the trainer trains step ``i``. Batch ``i`` is made
+with weights of version ``>= i - max_staleness``, and the ``GroupSampler`` refuses anything
+older (counted in ``async/groups_dropped``); weights are pushed every ``weight_sync_every``
+optimizer steps (at most ``max_staleness + 1``, or the worker could wait forever);
+``off_policy_correction="auto"`` is ``"decoupled"`` whenever ``max_staleness > 0``. Groups
+received are in the buffer and so in every checkpoint; those in flight when a run stops
+are generated again on resume. Runs are not bit-exact; ``configs/llm_grpo.yaml`` is the
 exact, synchronous one.
 
 Examples:
     From the command line (docs/llm.md)::
 
-        python train.py fit --config configs/llm_grpo_async.yaml \\
+        python train.py fit --config configs/llm_grpo_async.yaml \
             --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
 """
 

@@ -1,26 +1,13 @@
 """A process that generates GRPO groups beside training, with weights at most ``s`` versions old.
 
-:class:`GenerationWorker` starts one process (``multiprocessing``, ``spawn`` by default)
-holding its own copy of the policy. It generates batch after batch of whole groups
-(:meth:`rb_lightning.llm.grpo.GRPOModule.generate_groups`, batch ``i`` seeded by
-``i``) and sends each back with the version of the weights that generated it. The
-trainer sends weights with :meth:`GenerationWorker.push_weights` and takes the groups
-with :meth:`GenerationWorker.receive`.
-
-The staleness bound is kept by the worker itself: batch ``i`` is the one the trainer
-trains on at step ``i``, so the worker starts it only with weights of version
-``>= i - max_staleness`` and otherwise waits for newer ones. That is the rate
-limit too: generation runs at most ``max_staleness`` batches ahead of training, never
-further (AReaL's ``max_head_offpolicyness``).
-
-Given the replay buffer (``write_into``, one torchrl can share:
-:func:`~rb_lightning.torchrl_compat.can_share_writes`, and groups without text columns),
-the worker extends it itself and sends only a notice; the trainer learns the new rows
-(:class:`~rb_lightning.buffers.shared_writes.WorkerWrites`) and reads them back for its
-statistics. Otherwise the groups cross the process boundary as numpy arrays through a
-pipe, and the trainer writes them. The weights always go as one float32 byte string.
-Shared memory is torch's file-descriptor kind, unlinked at once, so a killed process
-leaves nothing in ``/dev/shm``.
+:class:`GenerationWorker` starts one process holding its own copy of the policy; it
+generates batch after batch of whole groups (batch ``i`` seeded by ``i``) and sends each
+with the version of the weights that made it. Batch ``i`` is trained on at step ``i``, so
+the worker starts it only with weights of version ``>= i - max_staleness`` (AReaL's
+``max_head_offpolicyness``): it never runs further ahead. Given a buffer it can share
+(``write_into``) the worker extends it and sends a notice; otherwise groups cross the
+pipe as numpy arrays. Shared memory is torch's file-descriptor kind, unlinked at once, so a
+killed process leaves nothing in ``/dev/shm``.
 
 Examples:
     >>> from transformers import LlamaConfig

@@ -1,29 +1,15 @@
 """``GRPOModule``: online GRPO for a causal LM, trained by Lightning from the DataModule's buffer.
 
-Each training step, at policy version ``v`` (the optimizer steps done so far):
-
-1. draws ``prompts_per_step`` prompts of its task (:mod:`rb_lightning.llm.tasks`) and
-   samples ``num_generations`` completions of each with the current policy, seeded by
-   ``(seed, rank, step)``; scores them with the reward functions (TRL's signature,
-   summed) and computes group-relative advantages;
-2. writes the whole groups into the DataModule's buffer (token ids and masks, ``reward``,
-   ``advantage``, ``group``, the behaviour log-probs, ``policy_version = v``);
-3. only then takes its batch (``training_step`` receives the loader's iterator), drawn by
-   a :class:`~rb_lightning.llm.groups.GroupSampler` gated on ``v``: with
-   ``max_staleness: 0`` exactly this step's groups, with ``s`` the last ``s`` versions';
-4. minimises the clipped objective (:mod:`rb_lightning.llm.objective`).
-
-``validate`` / ``test`` decode the prompts of ``val_buffer`` / ``test_buffer`` greedily and
-log ``val_accuracy`` (or ``val_reward`` for a task without a ``correct`` function).
+Each training step at policy version ``v`` generates ``num_generations`` completions of
+``prompts_per_step`` prompts (seeded by ``(seed, rank, step)``), scores them (TRL's reward
+signature, summed), writes the whole groups with their advantages, behaviour log-probs
+and ``policy_version = v`` into the buffer, then draws its batch through a
+:class:`~rb_lightning.llm.groups.GroupSampler` (``max_staleness: 0``: this step's groups)
+and minimises the clipped objective. ``validate`` / ``test`` decode greedily and log
+``val_accuracy`` (or ``val_reward``).
 
 Examples:
-    From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md)::
-
-        python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
-        python train.py fit --config configs/llm_grpo.yaml \\
-            --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
-
-    One step's groups, in Python:
+    From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md). One step's groups:
 
     >>> from transformers import LlamaConfig
     >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,

@@ -1,41 +1,29 @@
 """Chunked buffer saves: each save writes the rows written since the previous one.
 
-A tensor storage written by a round-robin writer changes, between two saves, in the rows
-``[cursor, cursor + n) mod capacity`` where ``cursor`` is the writer's cursor at the
-previous save and ``n`` the growth of its ``write_count``. A chunked save writes only
-those rows, as new *chunks* in a chunk store shared by every checkpoint of a directory
-(``<dir>/buffer-chunks/<chunk>/``: a memory-mapped TensorDict of rows), plus the small
-state (sampler, writer, generator, read-ahead batches) and a manifest (layout
-``chunked_rows``) in its own version directory. The manifest lists *segments*: storage
-rows ``[start, stop)`` are rows ``[offset, offset + stop - start)`` of chunk ``chunk``;
-together they cover ``[0, len)``. It also records the size and ``xxh3_64`` checksum of
-every file of every chunk it uses, verified on load like the version's own files.
-
-The save is split in two (:func:`prepare_chunked_save`, :meth:`ChunkedSave.finish`): the
-first copies the changed rows and writes the small state, in the thread that trains; the
-second writes, checksums and ``fsync``-s the chunks and the manifest and renames the
-version into place, in any thread. Chunks are shared: a chunk stays on disk while a kept
-manifest lists it (or the last save of a live buffer, which the next save builds on);
-:func:`collect_garbage` deletes the others. This module knows no Lightning: where the
-version directories live and when a save runs is the caller's.
+Between two saves a round-robin writer changes rows ``[cursor, cursor + n) mod capacity``.
+A chunked save writes those rows as new *chunks* in a store shared by every checkpoint of
+a directory (``<dir>/buffer-chunks/<chunk>/``), plus the small state and a manifest
+(layout ``chunked_rows``) whose *segments* map storage rows to chunk rows, with each
+chunk file's size and ``xxh3_64`` checksum. :func:`prepare_chunked_save` copies the rows
+in the training thread; :meth:`ChunkedSave.finish` writes and renames in any thread;
+:func:`collect_garbage` deletes chunks no kept manifest lists.
 
 Examples:
     >>> import tempfile
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.persist.dumps import load_dump
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
     >>> checkpoints = Path(tempfile.mkdtemp())
     >>> first = prepare_chunked_save(rb, checkpoints / "a.ckpt.buffer").finish()[1]
     >>> _ = rb.extend(TensorDict({"x": torch.arange(100, 103)}, batch_size=[3]))
     >>> second = prepare_chunked_save(rb, checkpoints / "b.ckpt.buffer").finish()[1]
-    >>> first["changed_rows"], second["changed_rows"]  # the second save wrote 3 rows
+    >>> first["changed_rows"], second["changed_rows"]
     (8, 3)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(8))
-    >>> from rb_lightning.persist.dumps import load_dump
-    >>> version = next((checkpoints / "b.ckpt.buffer").iterdir())
-    >>> _ = load_dump(restored, version)
+    >>> _ = load_dump(restored, next((checkpoints / "b.ckpt.buffer").iterdir()))
     >>> restored[:]["x"].tolist()
     [100, 101, 102, 3, 4, 5, 6, 7]
 """

@@ -1,30 +1,13 @@
 """Resuming per-rank buffers on another number of ranks: every saved item on exactly one rank.
 
-A DDP run saves one dump per rank (``<ckpt>.buffer/<version>/rank<r>``), a single
-process one dump. Resumed with the same number of processes, each rank restores
-its own (:func:`~rb_lightning.buffers.state.restore_buffer_state`). Resumed with
-another number (decided once, by :func:`plan_redistribution`), :func:`restore_share`
-runs on every rank instead: it reads every
-saved dump and keeps its share of their union, so each saved item (and its
-priority) lands on exactly one rank and the ranks' shares differ by one item at most.
-
-Which rank takes which item (:func:`dealt_items`) is a function of the saved
-lengths and the new world size only, so every rank computes the same split
-without talking to the others:
-
-* the union is put oldest first: each saved rank's items in write order, the saved
-  ranks' newest items aligned (item ``j`` of ``n`` sits at age ``n - 1 - j``), ties
-  by saved rank;
-* item ``i`` of that order goes to rank ``i % world_size``, which writes its share
-  oldest first: later writes overwrite the oldest items, as they would have.
-
-The new buffers may be larger or smaller than the saved ones. When their total
-capacity cannot hold every saved item, the resume stops with a
-:class:`~rb_lightning.errors.BufferCheckpointError` before anything is loaded, or,
-with ``keep="newest"``, the oldest items of the union are dropped. The batches
-the saved ranks had read ahead are dropped (they belong to ranks that are gone)
-and each rank's generator is seeded from ``seed`` (:func:`elastic_seed`: the
-saved stream seed and position, the rank and the new world size).
+A DDP run saves one dump per rank. Resumed on another number of processes (decided once,
+by :func:`plan_redistribution`), every rank runs :func:`restore_share`: it reads every
+saved dump and keeps its share of their union. :func:`dealt_items` depends only on the
+saved lengths and the new world size, so the ranks agree without talking: the union is put
+oldest first (the saved ranks' newest items aligned, ties by saved rank) and item ``i``
+goes to rank ``i % world_size``, written oldest first. When the new buffers cannot hold
+every item the resume stops before loading anything (``keep="newest"`` drops the oldest).
+Read-ahead batches are dropped and each generator is seeded by :func:`elastic_seed`.
 
 Examples:
     >>> def dealt(rank):  # (saved rank, j-th oldest of that rank)

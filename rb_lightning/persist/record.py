@@ -1,26 +1,12 @@
 """The one record of a saved buffer's state: what a checkpoint holds for its buffer, by kind.
 
-A DataModule's checkpoint stores, under ``"buffer"``, a :class:`BufferRecord`
-as a plain dict (:meth:`BufferRecord.to_dict`: tensors, numbers and strings, so
-``torch.load(weights_only=True)`` reads it). Every module that reads a saved
-buffer asks the record (:meth:`BufferRecord.from_dict`) what kind it is,
-where its dumps are (:func:`record_dumps`) and how many ranks saved it; none
-reads the dict's keys itself.
-
-========== =================================================================
-kind       what the checkpoint holds
-========== =================================================================
-inline     one buffer's dump, packed into the ``.ckpt`` (``archive``)
-beside     one buffer's dump in ``<ckpt>.buffer/<version>``
-ranks      one dump per DDP rank in ``<ckpt>.buffer/<version>/rank<r>``
-actor      a Ray buffer's dump, written by its actor, beside the ``.ckpt``
-shards     a sharded Ray buffer's dumps, one per shard, beside the ``.ckpt``
-elsewhere  nothing: the buffer is in another rank's checkpoint (rank 0's)
-mixture    one record per member of a ``BufferMixture``, and its generator
-========== =================================================================
-
-A checkpoint written by a pre-release format (a dict tagged ``"location"``) is
-refused with a :class:`~rb_lightning.errors.BufferCheckpointError`.
+A DataModule's checkpoint stores a :class:`BufferRecord` under ``"buffer"`` as a plain dict
+(read by ``torch.load(weights_only=True)``); every reader asks the record its kind, where
+its dumps are (:func:`record_dumps`) and how many ranks saved it. Kinds: ``inline`` (in
+the ``.ckpt``), ``beside`` (``<ckpt>.buffer/<version>``), ``ranks`` (one dump per DDP rank),
+``actor`` (a Ray buffer's, by its actor), ``shards`` (one per shard), ``elsewhere`` (in rank
+0's checkpoint) and ``mixture`` (one record per member). A pre-release checkpoint (a dict
+tagged ``"location"``) is refused with a :class:`~rb_lightning.errors.BufferCheckpointError`.
 
 Examples:
     >>> record = BufferRecord(kind="beside", len=3, write_count=3, dir="last.ckpt.buffer",
