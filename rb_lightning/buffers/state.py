@@ -1,17 +1,10 @@
 """What a DataModule stores in a Lightning checkpoint for its buffer, and how it is restored.
 
-One pair of functions per kind of buffer: :func:`buffer_state` /
-:func:`restore_buffer_state` (a buffer of this process), :func:`mixture_state` /
-:func:`restore_mixture_state` (a :class:`~rb_lightning.BufferMixture`) and
-:func:`rank_buffer_state` (one buffer per DDP rank, restored by
-:func:`restore_buffer_state` on each rank). A Ray buffer's are
-:func:`~rb_lightning.distributed.ray_checkpoint.remote_buffer_state` and
-:func:`~rb_lightning.distributed.ray_checkpoint.restore_remote_buffer_state`.
-
-Where a dump goes is a size policy (:data:`DEFAULT_INLINE_MAX_BYTES`): a small
-buffer's dump is packed (uncompressed tar) into a ``uint8`` tensor stored in
-the ``.ckpt`` itself; a larger one becomes a :class:`~rb_lightning.checkpoint.BufferDumpRequest`
-that :class:`~rb_lightning.checkpoint.BufferCheckpointIO` writes beside it.
+One pair per kind: :func:`buffer_state` / :func:`restore_buffer_state`,
+:func:`mixture_state` / :func:`restore_mixture_state`, and :func:`rank_buffer_state` (one
+buffer per DDP rank). A dump up to :data:`DEFAULT_INLINE_MAX_BYTES` is packed into the
+``.ckpt``; a larger one becomes a :class:`~rb_lightning.checkpoint.BufferDumpRequest` that
+:class:`~rb_lightning.checkpoint.BufferCheckpointIO` writes beside it.
 
 Examples:
     >>> import torch
@@ -19,15 +12,12 @@ Examples:
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-    >>> state = buffer_state(rb)  # small: packed inline, as the DataModule's state_dict holds it
-    >>> record = BufferRecord.from_dict(state)
+    >>> record = BufferRecord.from_dict(buffer_state(rb))
     >>> record.kind, record.len
     ('inline', 4)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(10))
-    >>> restore_buffer_state(restored, record)
-    []
-    >>> restored[:]["x"].tolist(), restored.write_count
-    ([0, 1, 2, 3], 4)
+    >>> restore_buffer_state(restored, record), restored[:]["x"].tolist()
+    ([], [0, 1, 2, 3])
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Checkpoints of a Ray buffer (``service_backend="ray"``): its actor writes and reads the dump.
 
-One actor serves every rank, so one process saves it: global rank 0 of the
-Lightning run has the actor write its content with torchrl's ``dumps`` beside
-the ``.ckpt`` (:func:`remote_buffer_state`, :class:`RemoteDumpRequest`,
-:func:`dump_remote_buffer`; the request also carries a ``ShardedRayReplayBuffer``'s
-dump of every shard), and on resume loads it back into the actor while
-every rank waits (:func:`restore_remote_buffer_state`, :func:`load_remote_buffer`).
-The manifest, the checks and the versions beside the ``.ckpt`` are
-:mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.distributed.ray`'s.
-A dump written this way is also read into a buffer of this process by
-:func:`rb_lightning.checkpoint.load_buffer` (to export a Ray run's buffer).
-
-Importing this module does not import Ray; saving or restoring a Ray buffer does.
+One actor serves every rank, so global rank 0 has it write its content with torchrl's
+``dumps`` beside the ``.ckpt`` (:class:`RemoteDumpRequest`; for a ``ShardedRayReplayBuffer``
+every shard), and on resume loads it back while every rank waits. Importing this module
+does not import Ray.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Lightning's ``CheckpointIO`` for replay buffers: dumps beside the ``.ckpt``, written and removed with it.
 
-:class:`BufferCheckpointIO` wraps the Trainer's ``CheckpointIO``: before a
-``.ckpt`` is written it carries out the :class:`~rb_lightning.checkpoint.BufferDumpRequest`
-objects in the checkpoint dict (each writes its dump to ``<ckpt>.buffer/<version>/``
-and leaves a reference), writes the ``.ckpt`` beside its final place and renames
-it there, and only then deletes older buffer versions. :func:`install_checkpoint_io`
-puts it on a Trainer's strategy, once.
-
-``BufferCheckpointIO(incremental=True)`` saves a tensor buffer in chunks instead
-(:mod:`~rb_lightning.persist.chunks`): each save writes the rows written since the
-previous one; the training thread copies them and goes on, and a writer thread
-(:mod:`~rb_lightning.persist.background_save`) writes, checksums and syncs them, then
-the ``.ckpt``. Chunks no kept checkpoint lists are deleted after each save and rotation.
+:class:`BufferCheckpointIO` wraps the Trainer's ``CheckpointIO``: it writes the dumps a
+checkpoint requests to ``<ckpt>.buffer/<version>/``, writes the ``.ckpt`` and renames it
+into place, and only then deletes older buffer versions. With ``incremental=True`` a tensor
+buffer is saved in chunks (:mod:`~rb_lightning.persist.chunks`) by a writer thread while
+training goes on. :func:`install_checkpoint_io` puts it on a Trainer's strategy, once.
 
 Examples:
     >>> from lightning.pytorch import Trainer
@@ -20,9 +13,6 @@ Examples:
     >>> install_checkpoint_io(trainer)  # idempotent
     >>> type(trainer.strategy.checkpoint_io).__name__
     'BufferCheckpointIO'
-    >>> chunked = BufferCheckpointIO(incremental=True)  # Trainer(plugins=[chunked])
-    >>> chunked.incremental
-    True
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """A synthetic arithmetic task for language-model training, fully offline.
 
-Prompts look like ``"12+7="`` and completions like ``"19"``. The task is small
-enough for a tiny model to learn on CPU and checkable by a Python reward, so the
-same data feeds a Lightning LLM config, ``trl.SFTTrainer`` / ``DPOTrainer`` and
-``trl.GRPOTrainer`` (through :func:`arithmetic_reward`).
-
-:func:`make_tokenizer` builds a character-level tokenizer locally (no
-download); :func:`fill_arithmetic_buffer` writes tokenized items to a torchrl
-replay buffer. ``transformers`` / ``tokenizers`` are imported only by
-:func:`make_tokenizer`.
+Prompts look like ``"12+7="`` and completions like ``"19"``: small enough for a tiny model on
+CPU and checkable by :func:`arithmetic_reward`, so the same data feeds Lightning and TRL.
+:func:`make_tokenizer` builds a character-level tokenizer locally (the only function that
+imports ``transformers``).
 
 Examples:
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
-    >>> tokenizer = make_tokenizer()
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
-    >>> fill_arithmetic_buffer(rb, 8, tokenizer, seed=0)
+    >>> fill_arithmetic_buffer(rb, 8, make_tokenizer(), seed=0)
     8
     >>> item = rb[0]
     >>> item["prompt"], item["completion"], item["input_ids"].shape

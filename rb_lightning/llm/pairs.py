@@ -1,11 +1,7 @@
 """Stored GRPO groups as TRL rows: their text (:func:`with_text`) and preference pairs.
 
-:func:`preference_pairs` turns the rows of stored groups (``prompt``,
-``completion``, ``reward``, ``group``, e.g. ``to_hf_dataset(run, streaming=False)``
-of a ``configs/llm_grpo.yaml`` run) into one ``{"prompt", "chosen", "rejected"}``
-row per group whose rewards differ: the best completion against the worst.
-:func:`with_text` adds the ``prompt`` / ``completion`` strings to rows stored
-without them (``GRPOModule(store_text=False)``), decoded from their token ids.
+:func:`preference_pairs` turns stored groups into one ``{"prompt", "chosen", "rejected"}``
+row per group whose rewards differ (best against worst).
 
 Examples:
     >>> rows = [

@@ -1,9 +1,7 @@
 """What a GRPO run trains on: prompts, the tokenizer, and what a right answer is.
 
-:class:`PromptTask` takes any of them as arguments (objects, or ``"module:function"``
-paths that a YAML config can name); :class:`ArithmeticTask` is the shipped task
-(``"12+7="``, a character tokenizer, the exact sum), one instance of it. Rewards stay
-on :class:`~rb_lightning.llm.grpo.GRPOModule` (``rewards=[...]``, TRL's signature).
+:class:`PromptTask` takes each as an object or a ``"module:function"`` path a YAML config
+can name; :class:`ArithmeticTask` is the shipped task. Rewards stay on the module.
 
 Examples:
     A task of your own: reverse a string, with the shipped character tokenizer.
@@ -14,10 +12,8 @@ Examples:
     ...     tokenizer="rb_lightning.llm.data:make_tokenizer",
     ...     correct=lambda prompt, completion: completion == prompt[:-1][::-1],
     ... )
-    >>> task.draw(2, torch.Generator().manual_seed(0))
-    ['xyz=', 'abc=']
-    >>> task.is_correct("abc=", "cba")
-    True
+    >>> task.draw(2, torch.Generator().manual_seed(0)), task.is_correct("abc=", "cba")
+    (['xyz=', 'abc='], True)
     >>> ArithmeticTask(max_operand=9).draw(2, torch.Generator().manual_seed(0))
     ['4+9=', '3+0=']
 """

@@ -2,19 +2,12 @@
 
     python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
     rb-lightning-export-hf runs/llm_sft sft_data --keys prompt completion
-    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft \
-        --trainer sft grpo   # SFTTrainer, then GRPOTrainer, from the run's model
+    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft --trainer sft grpo
 
-``--model`` names the Lightning run (its directory or ``.ckpt``; ``runs/llm_sft``: the
-config's newest run, the one ``fit`` just wrote) whose model TRL continues; without
-it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). SFT goes on
-with the run's own training, restored from its checkpoint and ``config.yaml``: its AdamW
-state, learning-rate schedule, batch size, clipping and float32 (see :class:`LightningRun`),
-so its loss starts where the run's stopped and goes down. The tokenizer
-is the configs' local character tokenizer; put your own model and tokenizer in their
-place. The data is ``datasets.load_from_disk`` of the export, as any TRL script would
-read it. ``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when
-it runs.
+``--model`` names the Lightning run whose model TRL continues (without it, a fresh tiny
+Llama). SFT goes on with the run's own optimizer state, schedule, batch size and clipping
+(:class:`LightningRun`), so its loss starts where the run's stopped. The data is
+``datasets.load_from_disk`` of the export, as any TRL script would read it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """A replay buffer to a dump directory and back: :func:`dump_buffer` and :func:`load_dump`.
 
-A dump is a directory of memory-mapped tensors (``.memmap``) and JSON, never a
-pickle, with a ``manifest.json`` (:mod:`rb_lightning.persist.manifest`).
-How the items are written depends on the storage (:mod:`rb_lightning.persist.layouts`).
-Loading verifies the dump before the buffer is touched, refuses a directory
-holding any other file (it could run code when read) and refuses a buffer
-built differently from the saved one, each with a :class:`BufferCheckpointError`
-that names the path, the file and the fix.
-
-Examples:
-    >>> import tempfile
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
-    >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     _ = dump_buffer(rb, f"{tmp}/buf")
-    ...     restored = ReplayBuffer(storage=LazyTensorStorage(10))
-    ...     _ = load_dump(restored, f"{tmp}/buf")
-    >>> restored[:]["x"].tolist(), restored.write_count
-    ([0, 1, 2, 3], 4)
+Loading verifies the dump before the buffer is touched and refuses a directory holding any
+other file or a buffer built differently, each with a :class:`BufferCheckpointError` that
+names the path, the file and the fix.
 """
 
 from __future__ import annotations

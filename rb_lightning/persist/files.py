@@ -1,23 +1,9 @@
 """Putting dumps on disk safely: atomic versions, ``fsync``, disk-space checks, cleanup, packing.
 
-A dump becomes visible by one rename once it is complete and flushed to disk
-(:func:`write_version`, :func:`publish_version`), so a reader never finds a
-half-written one, even after a machine crash; :func:`remove_stale_versions`
-removes what a save that died left behind. :func:`check_disk_space` refuses a
-dump that would not fit before anything is written (a memory-mapped write that
-runs out of space kills the process with ``SIGBUS``). :func:`pack_directory`
-turns a dump into one tensor, to store it inside a Lightning ``.ckpt``.
-
-Examples:
-    >>> import tempfile
-    >>> root = Path(tempfile.mkdtemp())
-    >>> def dump(path):
-    ...     path.mkdir()
-    ...     (path / "data.json").write_text("{}")
-    ...     return {"len": 0}
-    >>> version, manifest = write_version(root, dump)
-    >>> [p.name for p in root.iterdir()] == [version], manifest
-    (True, {'len': 0})
+A dump becomes visible by one rename once complete and flushed (:func:`write_version`),
+so a reader never finds half of one, even after a crash; :func:`check_disk_space` refuses
+a dump that would not fit (a memory-mapped write out of space dies of ``SIGBUS``);
+:func:`pack_directory` turns a dump into one tensor for a ``.ckpt``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The manifest of a buffer dump: what it records, how it is written, read and verified.
 
-Every dump directory holds a ``manifest.json``: the format version, the
-dump's :data:`Layout` (:mod:`rb_lightning.persist.layouts`), the item count and ``write_count``,
-how the buffer was built, and the size and xxHash (``xxh3_64``) checksum of
-every other file. Checksums of the data are taken from the bytes as they are
-written (:class:`Digests`), not by reading the files back. :func:`read_manifest`
-verifies a dump before anything is loaded (``verify``: ``"full"``, ``"size"`` or
-``"none"``), and :func:`check_plain_files` refuses a directory holding any file
-that could run code when read.
-
-The format is version 1 until rb_lightning's first release; a dump of an
-earlier, unreleased layout is refused with an error saying so.
+``manifest.json`` holds the format version, the dump's :data:`Layout`, ``len`` and
+``write_count``, how the buffer was built, and each file's size and ``xxh3_64`` checksum,
+taken from the bytes as they are written (:class:`Digests`). :func:`read_manifest` verifies
+a dump before anything is loaded; :func:`check_plain_files` refuses a file that could run
+code when read. A dump of an earlier, unreleased format is refused with an error saying so.
 
 Examples:
     >>> import tempfile

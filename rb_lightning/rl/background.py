@@ -1,23 +1,12 @@
 """Collection that runs beside training: a torchrl collector in a worker process or a thread.
 
-The environment steps and the acting policy run away from the training loop.
-
-* ``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one
-  worker process (real parallelism on CPU). Weights reach it through torchrl's
-  ``update_policy_weights_``; the worker collects its next batch while the trainer
-  uses the last one. Given ``write_into`` (a buffer torchrl can share,
-  :func:`~rb_lightning.torchrl_compat.can_share_writes`), the worker converts its
-  frames (``postproc``) and extends that buffer itself; the training process only
-  learns which rows are new (:mod:`rb_lightning.buffers.shared_writes`), and each batch
-  arrives as :class:`WrittenRows`. Otherwise the frames come back through a small
-  queue and the training process writes them.
-* ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`, iterated by a
-  thread of the training process (no start-up cost; shares the GIL with training); the
-  training process writes the frames.
-
-Every frame carries the policy version of the weights that acted: the acting policy
-is followed by a :class:`VersionStamp` whose ``version`` buffer travels with the
-weights, so a frame collected just before a weight update keeps the old version.
+``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one worker
+process; weights reach it through ``update_policy_weights_``. Given ``write_into`` (a
+buffer torchrl can share) the worker extends it itself and each batch arrives as
+:class:`WrittenRows` (:mod:`rb_lightning.buffers.shared_writes`); otherwise frames come back
+through a small queue. ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`
+iterated by a thread (no start-up cost; shares the GIL). Every frame carries the version
+of the weights that acted (:class:`VersionStamp` travels with the weights).
 
 Examples:
     >>> import torch

@@ -1,12 +1,9 @@
 """``StopAtGoal``: stop when the policy *without exploration* reaches the goal, as ``test`` measures it.
 
-The return of the last training episodes is a lagging signal: with 16 environments and
-500-frame CartPole episodes, the last 10 episodes span some 2,500 training steps, and a DQN
-policy can collapse within them (a run resumed at step 4,352 stopped on a window of 487.8 and
-tested at 139.4). ``StopAtGoal`` uses that signal only as a trigger: when it reaches the
-goal at an epoch end, the module's :class:`~rb_lightning.rl.Evaluation` episodes are played
-(greedy, the validation seeds), and the run stops only if their mean reaches the goal too,
-as Stable-Baselines3's ``EvalCallback`` does.
+The return of the last training episodes lags (with 16 CartPoles they span ~2,500 steps, in
+which a DQN policy can collapse), so it only triggers the module's
+:class:`~rb_lightning.rl.Evaluation` episodes; the run stops if their mean reaches the goal
+too, as Stable-Baselines3's ``EvalCallback`` does.
 
 Examples:
     >>> goal = StopAtGoal(475.0)

@@ -1,29 +1,20 @@
 """Where a replay buffer's data comes from before training: a saved directory or a function.
 
-A source is a small object with one method, :meth:`BufferSource.fill`, handed
-to :class:`~rb_lightning.ReplayBufferDataModule` as ``source=``; the DataModule
-calls it once, in ``setup``, before the first batch is drawn. Both sources
-check what they can at construction (the directory exists, the function
-imports), so a typo in a YAML config fails before any training starts.
-
-Data collected *during* fit is not a source: it comes from a collector
-callback under ``trainer.callbacks`` (see :mod:`rb_lightning.rl`).
+A source has one method, :meth:`BufferSource.fill`, called once by the DataModule in
+``setup``. Sources check what they can at construction, so a typo in a YAML config fails
+before training starts. Data collected during fit comes from a collector callback instead.
 
 Examples:
     >>> import tempfile
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.sources.buffer_sources import CallSource, LoadDirectory
-    >>>
     >>> saved = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = saved.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
     >>> path = tempfile.mkdtemp()
     >>> saved.dumps(path)
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> LoadDirectory(path).fill(rb)
-    >>> len(rb)
-    4
     >>> more = TensorDict({"x": torch.arange(3)}, batch_size=[3])
     >>> CallSource("torchrl.data:ReplayBuffer.extend", kwargs={"data": more}).fill(rb)
     >>> len(rb)

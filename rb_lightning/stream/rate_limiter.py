@@ -1,18 +1,10 @@
 """``SamplesPerInsert``: the replay ratio, enforced by the data source (Reverb's rate limiter).
 
-The learner samples and the collector inserts; the ratio of the two is the one
-number that decides how often each stored frame is replayed. Counted in items
-(a batch of ``B`` counts ``B`` samples):
-
-* nothing is sampled before ``min_size`` items were inserted;
-* then the trainer waits while it is more than ``error_buffer / 2`` samples
-  ahead of ``(inserted - min_size) * samples_per_insert``, and the collector
-  waits while it is that far behind.
-
-A collector in the training process (``OnlineCollector``, synchronous) is asked
-for frames when the trainer would otherwise wait, so the limiter decides how
-many frames it collects. The counters are checkpointed with the DataModule: a
-resumed run continues the ratio where it was.
+Counted in items: nothing is sampled before ``min_size`` inserts; then the trainer waits
+while it is more than ``error_buffer / 2`` samples ahead of
+``(inserted - min_size) * samples_per_insert``, and the collector while it is that far
+behind. A synchronous collector is asked for frames when the trainer would wait. The
+counters are checkpointed with the DataModule.
 
 Examples:
     >>> limiter = SamplesPerInsert(samples_per_insert=4.0, min_size=100, error_buffer=64)
@@ -22,7 +14,7 @@ Examples:
     >>> limiter.can_sample(32), limiter.can_sample(65)
     (True, False)
     >>> limiter.record_sample(32)
-    >>> limiter.samples_per_insert_observed()  # 32 samples for 8 inserts past min_size
+    >>> limiter.samples_per_insert_observed()
     4.0
 """
 

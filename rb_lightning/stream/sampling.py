@@ -1,22 +1,14 @@
 """``BufferStream``: the one object that draws batches from a replay buffer.
 
-Every sampled view of a buffer (:class:`~rb_lightning.ReplayBufferDataset`,
-:class:`~rb_lightning.ReplayBufferBatchDataset`, the Hugging Face export of
-:mod:`rb_lightning.hf`) samples through a :class:`BufferStream`. It owns:
-
-* seeding: each copy of the stream (DataLoader worker, DDP rank) installs a
-  generator of its own in its copy of the buffer, so copies draw different
-  batches (:meth:`BufferStream.seed_replica`, :meth:`BufferStream.reseed`);
-* the ``min_size`` wait, with a timeout and an error that says what to do;
-* the draw itself, with the sampler's ``index`` and ``priority_weight``
-  attached when the sampler produces weights (``PrioritizedSampler``);
-* drawing several batches in one call (:attr:`BufferStream.batches_per_draw`).
+Every sampled view of a buffer (the datasets, the Hugging Face export) samples through a
+:class:`BufferStream`. It owns the seeding of each copy (worker, rank), the ``min_size``
+wait, the draw with the sampler's ``index`` and ``priority_weight``, and drawing several
+batches per call (:attr:`BufferStream.batches_per_draw`).
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
-    >>> from rb_lightning.stream.sampling import BufferStream
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=PrioritizedSampler(10, 0.7, 0.5))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
     >>> stream = BufferStream(rb, batch_size=4)
