@@ -74,23 +74,17 @@ def _stamps_now(rb: ReplayBuffer, index: torch.Tensor) -> torch.Tensor | None:
 class BufferMixture(ReplayBufferEnsemble):
     """Named replay buffers sampled as one flat batch, with fixed fractions or random weights.
 
+    Writes go to a member (``mixture.member("online").extend(...)``); the mixture is read-only.
+
     Args:
-        members: Name -> buffer. The names, in this order, are the source ids
-            ``0, 1, ...`` of the ``"source"`` column (:attr:`names`). Each member
-            should store ``TensorDict`` items with the same keys.
+        members: Name -> buffer; in this order, the source ids ``0, 1, ...`` of the
+            ``"source"`` column (:attr:`names`). Members store items with the same keys.
 
     Keyword Args:
-        fractions: Name -> share of every batch, exactly: a member with fraction
-            ``f`` gives ``f * batch_size`` items of each batch. The fractions must
-            add up to 1, and each ``f * batch_size`` must be a whole number (both
-            to within :data:`FRACTION_TOLERANCE`); anything else is refused.
-        weights: Name -> relative weight: each item of a batch comes from a
-            member drawn at random with these weights (the counts per batch vary).
-            With neither ``fractions`` nor ``weights``: equal fractions.
-
-    Writes go to a member (``mixture.member("online").extend(...)``, or
-    ``OnlineCollector(member="online")``); the mixture itself is read-only, as
-    torchrl's ensemble is.
+        fractions: Name -> exact share of every batch; they add up to 1 and each
+            ``f * batch_size`` is whole (to within :data:`FRACTION_TOLERANCE`).
+        weights: Name -> relative weight of a random draw per item. With neither: equal
+            fractions.
 
     Examples:
         >>> import torch

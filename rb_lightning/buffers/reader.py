@@ -417,28 +417,22 @@ def open_saved_buffer(
 ) -> ReplayBuffer:
     """A fresh ``ReplayBuffer`` built like the one saved at ``path``, holding its content.
 
-    Its storage, capacity, sampler (with its settings) and writer are the saved
-    ones; several buffers read at once (a mixture's members, a DDP run's ranks)
-    come as a :class:`~rb_lightning.BufferMixture` with a ``"source"`` column.
-    :meth:`SavedBuffer.read` also says what ``path`` was.
+    Storage, capacity, sampler and writer are the saved ones; several buffers (a mixture's
+    members, a DDP run's ranks) come as a :class:`~rb_lightning.BufferMixture` with a
+    ``"source"`` column.
 
     Args:
-        path: A run directory, a ``.ckpt``, a dump directory or a saved file
-            (see the module doc).
+        path: A run directory, a ``.ckpt``, a dump directory or a saved file.
 
     Keyword Args:
-        member: For a checkpoint of a :class:`~rb_lightning.BufferMixture`: the
-            member to read; default: all, with a ``"source"`` column.
-        rank: For a checkpoint of a DDP run (one buffer per rank): the rank to
-            read; default: all, with a ``"source"`` column holding the rank.
-        allow_pickle: Read a ``torch.save(rb, path)`` file (a pickle: it can run
-            code when read; only for files you trust). Never needed for a run's
-            checkpoint or a dump.
+        member: For a mixture's checkpoint: the member to read; default: all.
+        rank: For a DDP run's checkpoint: the rank to read; default: all.
+        allow_pickle: Read a ``torch.save(rb, path)`` file (it can run code: only files you
+            trust). Never needed for a checkpoint or a dump.
 
     Raises:
         SavedBufferError: ``path`` is not a saved buffer, or ``member`` / ``rank`` /
-            ``allow_pickle`` do not fit it (one subclass per mistake); the message
-            says what the path is and how to read it.
+            ``allow_pickle`` do not fit it; the message says how to read it.
         BufferCheckpointError: The saved buffer is damaged or incomplete.
 
     Examples:

@@ -63,8 +63,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
     """``num_shards`` Ray buffer actors behind one ``ReplayBuffer``.
 
     Args:
-        capacity: Items the whole buffer holds; each shard holds
-            ``ceil(capacity / num_shards)``.
+        capacity: Items the whole buffer holds; each shard ``ceil(capacity / num_shards)``.
 
     Keyword Args:
         num_shards: Buffer actors.
@@ -72,17 +71,13 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         alpha: The prioritized sampler's exponent of the priorities.
         beta: The prioritized sampler's importance-weight exponent.
         eps: Added to every priority (as torchrl's ``PrioritizedSampler``).
-        in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
-            its round trip). See docs/scaling.md for the measured choice of 16.
-        seed: Seeds how each batch is split over the shards and each shard's
-            sampler (shard ``i`` from ``seed * 1000 + i``).
-        name: Names the shard actors (``name.0``, ``name.1``, ... in Ray namespace
-            ``rb_lightning``): every process that builds the buffer with the same
-            name and settings (each DDP rank, each collector) binds the same actors
-            instead of starting its own.
+        in_flight: Batches drawn per round trip and requested ahead (docs/scaling.md).
+        seed: Seeds the split of each batch over the shards and shard ``i``'s sampler
+            (``seed * 1000 + i``).
+        name: Names the actors (``name.0``, ... in Ray namespace ``rb_lightning``): every
+            process building the buffer with the same name binds the same actors.
         ray_init_config: ``ray.init`` arguments when Ray is not initialised yet.
-        actor_options: ``ray.remote`` options of every shard actor (``resources``
-            to place them on a node, ``num_cpus``); default ``{"num_cpus": 0}``.
+        actor_options: ``ray.remote`` options of every shard actor; default ``{"num_cpus": 0}``.
 
     Examples:
         >>> ShardedRayReplayBuffer(10, num_shards=0)

@@ -201,36 +201,23 @@ def _write_in_place(
 class BufferCheckpointIO(CheckpointIO):
     """A ``CheckpointIO`` that writes large replay buffers beside the checkpoint file.
 
-    It wraps another ``CheckpointIO`` (default: Lightning's ``TorchCheckpointIO``)
-    and adds, for each :class:`BufferDumpRequest` in the checkpoint dict:
-    dump to ``<ckpt>.buffer/<version>.tmp``, rename to ``<version>``, then save
-    the ``.ckpt``, then delete older versions. ``remove_checkpoint`` also
-    removes ``<ckpt>.buffer``.
+    It wraps another ``CheckpointIO`` (default: ``TorchCheckpointIO``): for each
+    :class:`BufferDumpRequest` in the checkpoint it dumps to ``<ckpt>.buffer/<version>``, saves
+    the ``.ckpt``, then deletes older versions; ``remove_checkpoint`` removes the buffer too.
+    With ``AsyncCheckpointIO`` the buffer is still dumped in the training thread; the newest
+    complete ``.ckpt`` always has its buffer on disk. A weights-only save keeps no buffer
+    (:data:`WEIGHTS_ONLY_STATE`).
 
-    With Lightning's ``AsyncCheckpointIO`` (``Trainer(plugins=[AsyncCheckpointIO()])``)
-    the buffer is still dumped in the training thread (a snapshot of the step being
-    saved) and only the ``.ckpt`` is written in the background; older buffer
-    versions, and checkpoints Lightning removes (``save_top_k``), are deleted in
-    that thread after the new ``.ckpt`` is written. At every moment the newest
-    complete ``.ckpt`` has its buffer on disk.
+    ``incremental=True`` saves a tensor buffer in chunks shared by the directory's
+    checkpoints (only the rows written since the previous save); with ``background=True``
+    the training thread only copies them and a writer thread writes chunks, manifest and
+    ``.ckpt`` (the next save, a load or the end of ``fit`` waits for it and raises its error).
+    Chunks no kept checkpoint lists are deleted. The DataModule installs it when needed; pass
+    it as ``Trainer(plugins=[...])`` to wrap a custom ``CheckpointIO``.
 
-    A weights-only save (``ModelCheckpoint(save_weights_only=True)``) keeps no buffer:
-    the DataModule's state becomes :data:`WEIGHTS_ONLY_STATE`, nothing is written beside.
-
-    ``incremental=True``: a tensor buffer (:func:`~rb_lightning.persist.chunks.chunked_save_supported`)
-    is saved in chunks shared by the checkpoints of the directory (``<dir>/buffer-chunks/``):
-    a save writes the rows written since the previous save, its sampler, writer and
-    generator state and a manifest listing the chunks that make up the buffer. With
-    ``background=True`` (the default) the training thread only copies the changed rows,
-    the small state and the checkpoint's tensors, and a writer thread writes the chunks,
-    the manifest and then the ``.ckpt``; the next save (or a load, or the end of
-    ``fit``) waits for it first, and its error, if any, is raised there. Chunks that no
-    kept checkpoint (and no live buffer's last save) lists are deleted after each save
-    and each checkpoint Lightning removes. Other buffers are saved as without it.
-
-    :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
-    strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
-    wrap a custom ``CheckpointIO``.
+    Examples:
+        >>> BufferCheckpointIO(incremental=True).incremental  # Trainer(plugins=[...])
+        True
     """
 
     def __init__(

@@ -68,49 +68,34 @@ class GRPOModule(L.LightningModule):
     """Online GRPO on a task's prompts, with replay of whole groups through the DataModule.
 
     Args:
-        config: The policy's ``transformers`` config (``LlamaConfig(...)``, as in
-            ``configs/llm_sft.yaml``).
+        config: The policy's ``transformers`` config (``LlamaConfig(...)``).
 
     Keyword Args:
-        init_from: A Lightning checkpoint of :class:`~rb_lightning.llm.module.CausalLMModule`
-            (``configs/llm_sft.yaml``'s ``last.ckpt``) whose weights start the
-            policy. ``None``: random weights (said in the first log line).
-        num_generations: Completions per prompt (the group size; the buffer's
-            ``GroupSampler(group_size=...)`` must match).
-        prompts_per_step: Prompts generated for each step. ``None``: one batch's
-            worth, ``batch_size // num_generations``.
+        init_from: A :class:`~rb_lightning.llm.module.CausalLMModule` checkpoint whose
+            weights start the policy. ``None``: random weights (said in the first log line).
+        num_generations: Completions per prompt (the buffer's ``GroupSampler`` group size).
+        prompts_per_step: Prompts per step. ``None``: ``batch_size // num_generations``.
         max_new_tokens: Longest completion, in tokens (eos included).
         temperature: Sampling temperature (also applied to the log-probs).
         lr: AdamW learning rate.
         clip_epsilon: Clip range of the importance ratio, ``[1 - eps, 1 + eps]``.
         beta: Weight of the KL to the starting policy (``0``: none, no reference model).
         rewards: Reward functions, ``"module:function"``; their sum is the reward.
-        task: What the run trains on and is judged by: prompts, tokenizer, correctness
-            (:class:`~rb_lightning.llm.tasks.PromptTask`; in YAML a ``class_path``).
+        task: Prompts, tokenizer and correctness (:class:`~rb_lightning.llm.tasks.PromptTask`).
             ``None``: :class:`~rb_lightning.llm.tasks.ArithmeticTask`.
         prompt_width: Columns of the left-padded prompts (tokens).
-        seed: Seed of the prompts and of the sampling (with the rank and the step).
-            ``None``: drawn from torch's global generator when training starts, so the
-            run's ``seed_everything`` decides it (``--seed_everything 2`` is another
-            run); the number is saved in checkpoints, and a resume continues with it.
-        store_text: Also store the ``prompt`` and ``completion`` strings. In torchrl
-            0.14.1 a ``LazyTensorStorage`` writes string columns item by item, which
-            costs more than the rest of a tiny model's step;
-            :func:`rb_lightning.llm.pairs.with_text` decodes them from the token ids
-            when the rows are exported.
-        off_policy_correction: ``"none"``: the clipped ratio is taken against the behaviour
-            policy (the stored ``behaviour_log_probs``), as in TRL. ``"decoupled"``: AReaL's
-            decoupled PPO objective. The ratio is taken against a *proximal* policy, the
-            current weights before this step's update (``log_prob`` detached, so the
-            ratio is 1 and its clip never binds in a single update per batch), and each
-            token is weighted by the importance weight ``min(exp(prox - behaviour),
-            importance_weight_cap)`` of the proximal against the behaviour policy,
-            detached (the truncated importance sampling of verl / prime-rl). On fresh
-            groups (behaviour = current policy) both give the same loss and gradient; on
-            stale ones ``"none"`` silences every token whose ratio left the clip range,
-            ``"decoupled"`` keeps its gradient, down- or up-weighted (at most the cap).
-        importance_weight_cap: The largest importance weight of ``"decoupled"`` (verl's
-            ``2.0`` by default).
+        seed: Seed of the prompts and sampling (with the rank and step). ``None``: drawn from
+            torch's generator when training starts (so ``seed_everything`` decides it); saved
+            in checkpoints.
+        store_text: Also store the ``prompt`` and ``completion`` strings (slow in torchrl
+            0.14.1; :func:`rb_lightning.llm.pairs.with_text` decodes them at export).
+        off_policy_correction: ``"none"``: the clipped ratio against the stored behaviour
+            policy, as in TRL. ``"decoupled"``: AReaL's decoupled objective: the ratio
+            against the weights before this step's update, each token weighted by
+            ``min(exp(prox - behaviour), importance_weight_cap)`` (detached). Equal on fresh
+            groups; on stale ones ``"none"`` silences tokens outside the clip range,
+            ``"decoupled"`` keeps their gradient.
+        importance_weight_cap: The largest importance weight of ``"decoupled"`` (verl's 2.0).
     """
 
     def __init__(

@@ -56,23 +56,18 @@ logger = logging.getLogger(__name__)
 class BufferStream:
     """Draws batches of ``batch_size`` items from ``replay_buffer``, one per :meth:`sample`.
 
+    With a ``PrioritizedSampler`` each batch carries ``"index"`` and ``"priority_weight"``
+    (also from a plain ``ReplayBuffer``). A pickled copy (a DataLoader worker) leaves the
+    generator out and re-seeds (:meth:`seed_replica`).
+
     Args:
         replay_buffer: The torchrl ``ReplayBuffer`` to sample.
         batch_size: Items per draw.
 
     Keyword Args:
-        min_size: :meth:`wait_until_ready` waits (up to ``wait_timeout``
-            seconds) until the buffer holds this many items. ``None``: an
-            empty buffer raises at once.
+        min_size: :meth:`wait_until_ready` waits until the buffer holds this many items.
+            ``None``: an empty buffer raises at once.
         wait_timeout: Seconds to wait for ``min_size``.
-
-    Sampler info: when the sampler returns importance weights (a
-    ``PrioritizedSampler``), ``"index"`` and ``"priority_weight"`` are added to
-    each ``TensorDict`` batch, also for a plain ``ReplayBuffer`` (which drops
-    them), so a training step can update priorities.
-
-    Pickling (to DataLoader workers) leaves the buffer's generator out: each
-    copy re-seeds (:meth:`seed_replica`).
 
     Examples:
         >>> import torch
