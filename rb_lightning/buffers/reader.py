@@ -113,13 +113,10 @@ def _not_a_saved_buffer(location: Path) -> str:
 def read_torch_file(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
     """``torch.load(path)`` with ``weights_only=True`` unless ``allow_pickle``.
 
-    A Lightning checkpoint of a run with a :class:`~rb_lightning.ReplayBufferDataModule`
-    holds tensors, numbers, strings and containers only, so it is read without
-    unpickling anything. A file that holds other objects (``torch.save(rb, path)``
-    of a whole buffer object) raises :class:`~rb_lightning.errors.PickleRefusedError`
-    naming them, unless ``allow_pickle=True``: unpickling can run any code, so only
-    for files you trust. A file ``torch.save`` did not write (text, an empty file)
-    raises :class:`~rb_lightning.errors.NotASavedBufferError` saying so.
+    A checkpoint of a run with the DataModule holds plain data only, so nothing is unpickled.
+    Other objects raise :class:`~rb_lightning.errors.PickleRefusedError` naming them (unpickling
+    can run any code); a file ``torch.save`` did not write raises
+    :class:`~rb_lightning.errors.NotASavedBufferError`.
     """
     if Path(path).is_file() and Path(path).stat().st_size == 0:
         raise NotASavedBufferError("path", f"{path} is empty (0 bytes). {_WHAT_TO_PASS}")
@@ -258,23 +255,20 @@ def load_buffer(
 ) -> list[TensorDictBase]:
     """Restore ``replay_buffer`` from a dump, a Lightning checkpoint or a run directory.
 
-    ``replay_buffer`` must be built like the saved one (storage, capacity,
-    sampler, writer); a :class:`~rb_lightning.BufferMixture` takes a whole
-    saved mixture. See the module doc for the paths it takes.
+    ``replay_buffer`` must be built like the saved one (storage, capacity, sampler, writer);
+    a :class:`~rb_lightning.BufferMixture` takes a whole saved mixture.
 
     Keyword Args:
-        member: The member to read from a checkpoint of a :class:`BufferMixture`
-            (pass the whole mixture as ``replay_buffer`` to restore every member).
-        rank: The rank whose buffer to read from a checkpoint of a DDP run.
+        member: The member to read from a mixture's checkpoint.
+        rank: The rank whose buffer to read from a DDP run's checkpoint.
         verify: What is checked before the buffer is touched
-            (see :func:`~rb_lightning.persist.manifest.read_manifest`).
+            (:func:`~rb_lightning.persist.manifest.read_manifest`).
 
     Returns:
         The batches the run had read ahead of the saved step (for an exact resume).
 
     Raises:
-        SavedBufferError: ``path``, ``member`` or ``rank`` does not fit the saved
-            buffer (one subclass per mistake).
+        SavedBufferError: ``path``, ``member`` or ``rank`` does not fit the saved buffer.
         BufferCheckpointError: The saved buffer is damaged, or built unlike ``replay_buffer``.
     """
     located = _locate(path)

@@ -231,13 +231,10 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         self._ready.clear()
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
-        """A batch of ``batch_size`` items with ``index`` (global), ``index_generation`` and,
-        when prioritized, ``priority_weight`` columns.
+        """A batch with ``index`` (global), ``index_generation`` and, when prioritized, ``priority_weight``.
 
-        With ``in_flight=k > 1`` the batches come ``k`` per round trip, and the next
-        ``k`` are requested as soon as the first of them is handed out: a batch may
-        be drawn up to ``2k - 1`` batches before it is returned (priority updates
-        made in between do not change it).
+        With ``in_flight=k > 1`` batches come ``k`` per round trip and the next ``k`` are requested
+        at once, so a batch may be drawn up to ``2k - 1`` batches before it is returned.
         """
         import ray
 
@@ -294,12 +291,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any, *, generation: Any = None) -> None:
-        """New priorities for items by global ``index``, each sent to its shard.
-
-        With ``generation`` (the batch's ``index_generation``), an item whose slot
-        was written again since it was sampled keeps its new item's priority
-        (counted in :attr:`dropped_updates`).
-        """
+        """New priorities by global ``index``, each sent to its shard; with ``generation``, a slot written since its draw keeps its priority (counted in :attr:`dropped_updates`)."""
         import ray
 
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
@@ -363,12 +355,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         (root / _META).write_text(json.dumps(meta))
 
     def loads(self, path: str | os.PathLike[str]) -> None:
-        """Replace the content with a :meth:`dumps` of any number of shards.
-
-        The same shard layout loads each shard as saved (exact); another one
-        reads every saved item with its priority and spreads them evenly over
-        this buffer's shards: none lost, none twice.
-        """
+        """Replace the content with a :meth:`dumps` of any number of shards (another layout spreads every item evenly: none lost, none twice)."""
         import ray
 
         root = Path(path)
@@ -474,19 +461,10 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
 
 class ShardedBuffer(RemoteBuffer):
-    """The DataModule's handle on a :class:`ShardedRayReplayBuffer`: several actors as one buffer.
+    """The DataModule's handle on a :class:`ShardedRayReplayBuffer`: served like one Ray buffer.
 
-    Served like one Ray buffer (no re-seeding per rank, no DataLoader workers,
-    checkpointed once by global rank 0) with two differences: a priority update
-    carries the batch's ``index_generation``, so an item whose slot was written again
-    since it was sampled keeps its new item's priority; and the checkpoint holds
-    every shard (:meth:`ShardedRayReplayBuffer.dumps`).
-
-    Example (not run: needs Ray)::
-
-        from rb_lightning.buffers.handles import resolve_buffer
-        handle = resolve_buffer(ShardedRayReplayBuffer(1_000, num_shards=2))
-        type(handle).__name__    # 'ShardedBuffer'
+    Two differences: a priority update carries the batch's ``index_generation``, and the
+    checkpoint holds every shard (:meth:`ShardedRayReplayBuffer.dumps`).
     """
 
     replay_buffer: ShardedRayReplayBuffer

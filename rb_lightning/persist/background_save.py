@@ -32,11 +32,6 @@ class BackgroundWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future[None] | None = None
 
-    @property
-    def busy(self) -> bool:
-        """Whether a job was submitted and not yet waited for."""
-        return self._future is not None
-
     def submit(self, job: Callable[[], None]) -> None:
         """Wait for the previous job (raising its error), then start ``job`` in the thread."""
         self.wait()

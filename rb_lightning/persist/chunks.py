@@ -249,11 +249,6 @@ class ChunkedSave:
         self.store = store
         self._marks = marks  # this save's staged paths, kept from other cleanups until it ends
 
-    @property
-    def changed_bytes(self) -> int:
-        """Bytes of the changed rows this save writes."""
-        return int(self.content["changed_bytes"])
-
     def finish(self) -> tuple[str, dict[str, Any]]:
         """Write the chunks and the manifest, ``fsync``, rename the version; return it and its manifest.
 

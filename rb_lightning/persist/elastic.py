@@ -92,13 +92,7 @@ def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:
 
 @dataclass(frozen=True)
 class Redistribution:
-    """A restore that deals every saved rank's items out to ``world_size`` ranks anew.
-
-    Made once per resume, by :func:`plan_redistribution`, and handed to the
-    restore (:func:`restore_share`): rank ``rank`` of ``world_size`` keeps its
-    share, ``keep`` says what to do when the shares do not fit, and ``seed``
-    seeds the buffer's new generator.
-    """
+    """A restore that deals every saved rank's items out to ``world_size`` ranks anew (made once per resume by :func:`plan_redistribution`)."""
 
     rank: int
     world_size: int
@@ -116,11 +110,9 @@ def plan_redistribution(
 ) -> Redistribution | None:
     """The one decision of a resume: deal the saved items out anew, or restore each rank's own.
 
-    ``None`` when each rank restores its own dump: the record was saved by
-    ``world_size`` processes, or is not a buffer of this run's processes (a Ray
-    buffer's actor serves every process; a mixture is one process's). Otherwise
-    the :class:`Redistribution`, seeded from the saved ``stream`` position
-    (:func:`elastic_seed`).
+    ``None`` when each rank restores its own dump (the record was saved by ``world_size``
+    processes, or is a Ray buffer's or a mixture's); otherwise the :class:`Redistribution`,
+    seeded by :func:`elastic_seed`.
 
     Examples:
         >>> ranks = BufferRecord(kind="ranks", world_size=2)
@@ -191,15 +183,10 @@ def restore_share(
 ) -> list[Any]:
     """Replace ``replay_buffer``'s content with this rank's share of every saved buffer.
 
-    ``record``: a buffer saved by another number of processes than the
-    redistribution's ``world_size`` (see :func:`plan_redistribution`). Every dump is verified
-    (``verify``) and checked against ``replay_buffer``'s build (storage, sampler
-    and its settings, writer; the capacity may differ) before anything is loaded.
-    A ``PrioritizedSampler``'s priorities move with their items. Returns no
-    read-ahead batches: those of the saved ranks are dropped.
-
-    ``redistribution.keep``: ``"all"`` raises :class:`BufferCheckpointError` when the
-    ranks' buffers cannot hold every saved item; ``"newest"`` drops the oldest.
+    Every dump is verified and checked against ``replay_buffer``'s build (the capacity may
+    differ) before anything is loaded; priorities move with their items; the saved ranks'
+    read-ahead batches are dropped. ``redistribution.keep="all"`` raises
+    :class:`BufferCheckpointError` when the shares do not fit, ``"newest"`` drops the oldest.
 
     Examples:
         >>> from tensordict import TensorDict
