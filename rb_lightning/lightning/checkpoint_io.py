@@ -65,11 +65,8 @@ _SAVE_KEY = "rb_lightning_save"
 class _SaveLedger:
     """Saves handed to the ``.ckpt`` writer, and what each makes obsolete once it is written.
 
-    Saves are numbered in the order :class:`BufferCheckpointIO` hands them on; the
-    writer (this thread, or ``AsyncCheckpointIO``'s one worker thread) writes them
-    in that order and calls :meth:`finish` after each. Older buffer versions and
-    checkpoints Lightning asked to remove are deleted only then, so until a new
-    ``.ckpt`` is on disk the previous one keeps its buffer.
+    The writer (this thread or ``AsyncCheckpointIO``'s) writes saves in order and calls
+    :meth:`finish` after each; only then are older versions deleted.
     """
 
     def __init__(self) -> None:
@@ -103,11 +100,7 @@ class _SaveLedger:
             return True
 
     def finish(self, number: int | None, *, written: bool) -> None:
-        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals.
-
-        A save that failed deletes nothing, and the removals that waited for it are
-        dropped: the checkpoint Lightning meant to replace stays complete.
-        """
+        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals (a failed save deletes nothing)."""
         with self._lock:
             if number is None:  # a checkpoint that did not come through BufferCheckpointIO
                 return
@@ -129,11 +122,7 @@ class _SaveLedger:
 
 
 class _CommitAfterWrite(CheckpointIO):
-    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger.
-
-    Sits below ``AsyncCheckpointIO`` (so it runs in its thread, after the write) or
-    directly below :class:`BufferCheckpointIO` (same thread).
-    """
+    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger (in ``AsyncCheckpointIO``'s thread, or this one)."""
 
     def __init__(self, checkpoint_io: CheckpointIO, ledger: _SaveLedger) -> None:
         self.checkpoint_io, self.ledger = checkpoint_io, ledger
@@ -168,13 +157,9 @@ def _write_in_place(
 ) -> None:
     """Write a local ``.ckpt`` beside its final place, ``fsync`` it, rename it over ``path``.
 
-    ``checkpoint_io`` writes to ``<dir>/.rb_lightning-partial-<id>/<name>`` (the same
-    file name, on the same filesystem); one ``os.replace`` then puts it in place and
-    the directory is synced. Lightning's own writer stages in the system temporary
-    directory and moves the file: across filesystems (a tmpfs ``/tmp``) the move is a
-    copy, and a process killed during it leaves a truncated ``.ckpt``. Older buffer
-    versions are deleted after this returns, so the new ``.ckpt`` is on disk first.
-    Remote paths (``s3://...``) are written by ``checkpoint_io`` as they are.
+    Lightning stages in the system temporary directory, and a move across filesystems is a
+    copy a kill can truncate; here one ``os.replace`` on the same filesystem. Remote paths
+    are written by ``checkpoint_io`` as they are.
     """
     if "://" in str(path) and not str(path).startswith("file://"):
         checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -388,11 +373,7 @@ def _cloned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _collect_chunks(checkpoint_dir: Path) -> None:
-    """Delete the chunks of ``checkpoint_dir`` that no kept checkpoint's buffer lists.
-
-    A ``<name>.buffer`` directory whose ``<name>`` checkpoint is gone is not kept: it is
-    what a removal (or a save that died before its ``.ckpt``) left.
-    """
+    """Delete the chunks of ``checkpoint_dir`` that no kept checkpoint's buffer lists (a ``.buffer`` without its ``.ckpt`` is not kept)."""
     store = checkpoint_dir / CHUNKS_DIR
     if not store.is_dir():
         return
@@ -418,12 +399,7 @@ def _weights_only(weights_only: bool | None) -> dict[str, bool]:
 
 
 def install_checkpoint_io(trainer: Any) -> None:
-    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once.
-
-    Idempotent: a call on a Trainer that has it already changes nothing, so it can
-    be called wherever the Trainer is first known (the DataModule's ``setup``).
-    ``trainer=None`` (a DataModule used without a Trainer) does nothing.
-    """
+    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once (idempotent; ``trainer=None`` does nothing)."""
     strategy = getattr(trainer, "strategy", None)
     if strategy is None or isinstance(strategy.checkpoint_io, BufferCheckpointIO):
         return

@@ -307,12 +307,9 @@ class GRPOModule(L.LightningModule):
     ) -> TensorDict:
         """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU).
 
-        ``step`` seeds the prompts and the sampling and numbers the groups; the items are
-        stamped ``policy_version = version`` (``None``: ``step``, the synchronous loop's
-        case, where the weights generating step ``s`` are version ``s``). ``scored=False``:
-        rewards of zero, no reward function called (a batch that only shows the columns).
-        ``micro``: the micro-batch of the step (``accumulate_grad_batches``), which draws
-        other prompts and numbers other groups.
+        ``step`` (and ``micro``, the micro-batch) seeds the prompts and numbers the groups; items
+        are stamped ``policy_version = version`` (``None``: ``step``). ``scored=False``: zero
+        rewards, no reward function called.
         """
         generator = self._generator(step, micro)
         n_prompts = int(self.prompts_per_step or 1)

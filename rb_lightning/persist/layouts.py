@@ -170,11 +170,8 @@ class EmptyBuffer(DumpLayout):
 def writes_filled_rows_only(replay_buffer: ReplayBuffer) -> bool:
     """Whether a dump of ``replay_buffer`` holds only its filled rows (layout ``filled_rows``).
 
-    True for a ``TensorStorage`` / ``LazyTensorStorage`` / ``LazyMemmapStorage``
-    with one storage dimension that holds data and has not wrapped
-    (``0 < len < max_size``), keeps torchrl's default storage checkpointer, and
-    whose buffer has no prefetch queue and no stateful transform (those are
-    written by torchrl's ``dumps`` only). Everything else is written whole.
+    A 1-D tensor storage that has not wrapped (``0 < len < max_size``), with torchrl's default
+    checkpointer and no prefetch queue or stateful transform; everything else is written whole.
     """
     storage = replay_buffer.storage
     if type(storage) not in _ROW_STORAGES or not storage.initialized:
@@ -278,11 +275,7 @@ class WholeStorage(DumpLayout):
 
 
 class ChunkedRows(DumpLayout):
-    """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.persist.chunks`).
-
-    Never picked by :func:`layout_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
-    writes it; read here like any other dump.
-    """
+    """A tensor storage saved in chunks shared between checkpoints; written by :func:`~rb_lightning.persist.chunks.prepare_chunked_save`, never picked by :func:`layout_of`."""
 
     name = "chunked_rows"
 

@@ -234,10 +234,8 @@ def mixture_record(
 ) -> dict[str, Any]:
     """The record of a mixture as the checkpoint stores it, in source-id order.
 
-    ``members``: each member's stored record; at save time a member too large for
-    the ``.ckpt`` is still a dump request, which ``BufferCheckpointIO`` replaces
-    by its record in place. ``composition``: the mixture's fractions or weights as
-    given, which a resume must match.
+    ``members``: each member's record (a dump request at save time, replaced in place by
+    ``BufferCheckpointIO``); ``composition``: the fractions or weights a resume must match.
     """
     saved: dict[str, Any] = {
         "record": RECORD_VERSION,
@@ -302,10 +300,8 @@ def record_dumps(
 ) -> Iterator[dict[str, Path]]:
     """The dump directories a record holds, by name: the one map of a record to its files.
 
-    ``{"": dir}`` for one buffer, ``{member: dir}`` for a mixture (in source-id
-    order), ``{"rank0": dir, ...}`` for per-rank dumps. An ``inline`` dump is
-    unpacked into a temporary directory, removed on exit; beside ones are read in
-    place. ``elsewhere`` holds none (``{}``).
+    ``{"": dir}`` for one buffer, ``{member: dir}`` for a mixture, ``{"rank0": dir, ...}`` per
+    rank, ``{}`` for ``elsewhere``; an ``inline`` dump is unpacked into a temporary directory.
     """
     with contextlib.ExitStack() as stack:
         if record.is_mixture:
@@ -337,11 +333,7 @@ def record_dumps(
 def resolve_records_in(
     checkpoint: MutableMapping[str, Any], checkpoint_path: str | os.PathLike
 ) -> None:
-    """Give each buffer record in a loaded checkpoint dict its dump directory, in place.
-
-    Resolved from the path the checkpoint was read from (a symlinked ``last.ckpt``
-    leads to the real file's directory), so a later restore needs no path.
-    """
+    """Give each buffer record in a loaded checkpoint dict its dump directory, in place (from the real path of the file read)."""
     for value in checkpoint.values():
         if not isinstance(value, MutableMapping):
             continue
