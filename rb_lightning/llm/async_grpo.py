@@ -55,19 +55,17 @@ class _StopsTheWorker(Callback):
 class AsyncGRPOModule(GRPOModule):
     """GRPO with generation in a worker process, at most ``max_staleness`` versions behind.
 
-    Takes every argument of :class:`~rb_lightning.llm.grpo.GRPOModule` (``beta`` must be 0:
-    the worker computes no reference log-probs), and:
+    Takes every argument of :class:`~rb_lightning.llm.grpo.GRPOModule` (``beta`` must be 0),
+    and:
 
     Keyword Args:
         off_policy_correction: ``"auto"`` (default): ``"decoupled"`` when the sampler's
-            ``max_staleness > 0``, ``"none"`` at 0 (then every group is on-policy).
-        weight_sync_every: Push the weights to the worker after every this many optimizer
-            steps (``1 <= weight_sync_every <= max_staleness + 1``).
-        start_method: How the worker starts (``"spawn"``: a fresh interpreter, some 6 s of
-            imports on a 2-core machine before the first batch; ``"fork"``, as
-            ``configs/llm_grpo_async.yaml`` sets: a copy of the trainer, at once, CPU only).
-        worker_timeout: Seconds the trainer waits for one batch before giving up (the
-            first includes the worker's start).
+            ``max_staleness > 0``, else ``"none"``.
+        weight_sync_every: Push the weights to the worker every this many optimizer steps
+            (``1 <= weight_sync_every <= max_staleness + 1``).
+        start_method: How the worker starts: ``"spawn"`` (~6 s of imports on 2 cores) or
+            ``"fork"`` (``configs/llm_grpo_async.yaml``: at once, CPU only).
+        worker_timeout: Seconds the trainer waits for one batch (the first includes the start).
     """
 
     def __init__(

@@ -159,19 +159,16 @@ class GenerationWorker:
 
     Args:
         module_kwargs: The :class:`~rb_lightning.llm.grpo.GRPOModule` arguments of the
-            worker's copy (``config``, ``num_generations``, ``prompts_per_step``, ...);
-            its weights come from :meth:`push_weights`.
+            worker's copy; its weights come from :meth:`push_weights`.
 
     Keyword Args:
         max_staleness: Batch ``i`` is generated with weights of version ``>= i - max_staleness``.
-        first_batch: The index of the first batch generated (a resumed run: the next one
-            not in the buffer).
+        first_batch: The index of the first batch generated (on resume: the next one not stored).
         start_method: ``multiprocessing`` start method (``"spawn"``: a fresh interpreter).
         threads: Torch threads of the worker.
-        write_into: The replay buffer the worker extends itself when torchrl can share it
-            and the groups carry no text (``module_kwargs["store_text"]`` false);
-            :attr:`writes` then says so, and :meth:`receive` hands back groups already
-            in it. ``None``: the trainer writes what :meth:`receive` hands back.
+        write_into: The buffer the worker extends itself when torchrl can share it and the
+            groups carry no text (:attr:`writes` says so); ``None``: the trainer writes
+            what :meth:`receive` hands back.
     """
 
     def __init__(
@@ -236,9 +233,9 @@ class GenerationWorker:
     def receive(self, timeout: float | None) -> tuple[int, TensorDict, float] | None:
         """The next generated batch: ``(index, groups, seconds the worker waited for weights)``.
 
-        ``timeout=None``: only what has arrived (``None`` if nothing). Otherwise waits up to
-        ``timeout`` seconds, raising :class:`~rb_lightning.errors.SampleTimeoutError` then.
-        A worker that raised or died raises :class:`~rb_lightning.errors.CollectorError`.
+        ``timeout=None``: only what has arrived (else ``None``); otherwise waits up to ``timeout``
+        (then :class:`~rb_lightning.errors.SampleTimeoutError`). A dead or failed worker raises
+        :class:`~rb_lightning.errors.CollectorError`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -44,30 +44,19 @@ _STATE_FILE = "group_sampler.json"
 class GroupSampler(Sampler):
     """Sample ``batch_size // group_size`` whole groups per batch, at most ``max_staleness`` old.
 
+    Eligible groups are drawn uniformly without replacement (again with replacement when too
+    few are eligible); a group with overwritten items is never drawn.
+
     Args:
-        group_size: Items per group (GRPO's ``num_generations``). The batch size
-            must be a multiple of it.
+        group_size: Items per group (GRPO's ``num_generations``); divides the batch size.
 
     Keyword Args:
         group_key: Column of the group ids (int64, one value per item).
-        max_staleness: Draw only groups produced at most this many policy
-            versions before :attr:`consumer_version`; ``0``: only what the
-            current policy produced (on-policy). ``None``: no limit.
-        version_key: Column of the producing policy's version (read only when
-            ``max_staleness`` is set).
-        order: ``"uniform"``: groups drawn uniformly among the eligible ones.
-            ``"oldest"``: each group is drawn once, in the order of its id (the order
-            it was generated in): a batch is the ``batch_size // group_size`` eligible
-            groups of the lowest ids not drawn yet; groups passed over because they
-            were too stale are counted in :attr:`groups_dropped`. The asynchronous
-            GRPO loop (:class:`~rb_lightning.llm.async_grpo.AsyncGRPOModule`) consumes
-            its generated batches this way, one per step.
-
-    Groups are drawn uniformly without replacement among the eligible ones; when
-    fewer are eligible than a batch needs, the missing ones are drawn again
-    (with replacement). A group some of whose items were overwritten (a storage
-    whose capacity is not a multiple of ``group_size``) is never drawn. The
-    items of a group come in storage order, groups in drawn order.
+        max_staleness: Draw only groups at most this many versions before
+            :attr:`consumer_version` (``0``: on-policy; ``None``: no limit).
+        version_key: Column of the producing policy's version.
+        order: ``"uniform"``, or ``"oldest"``: each group once, lowest ids first, the stale
+            ones passed over counted in :attr:`groups_dropped` (the asynchronous GRPO loop).
     """
 
     def __init__(

@@ -161,13 +161,7 @@ class _PolicyModule(Protocol):
 
 
 class EvaluatesEpisodes:
-    """Mixin for an RL ``LightningModule``: ``validate``/``test`` run :class:`Evaluation`.
-
-    The module defines ``collection_policy()`` and sets ``self.evaluation``;
-    the mixin supplies ``val_dataloader``/``test_dataloader`` (episode seeds),
-    ``validation_step``/``test_step`` (one episode each) and logs
-    ``val_return``/``test_return`` (mean) and ``*_return_std`` at the end.
-    """
+    """Mixin for an RL ``LightningModule``: ``validate``/``test`` play :class:`Evaluation` episodes and log ``val_return``/``test_return`` and ``*_return_std``."""
 
     evaluation: Evaluation
 

@@ -24,30 +24,19 @@ __all__ = ["StepProgressBar", "progress_bars_lock_threads_only"]
 
 
 def progress_bars_lock_threads_only() -> None:
-    """Give tqdm a thread lock before its first bar, instead of its multiprocessing one.
-
-    tqdm's default lock holds a ``multiprocessing.RLock``, for bars drawn by processes
-    forked after it; under the spawn start method (torchrl's) that is a named semaphore,
-    ``/dev/shm/sem.mp-*``, one per process that draws a bar (every DDP rank makes one),
-    left there for good when the run is killed with its resource tracker. A run's bars
-    are drawn by its main process only. Leaves a lock tqdm already has alone.
-    """
+    """Give tqdm a thread lock before its first bar: its default ``multiprocessing.RLock`` is, under spawn, a named semaphore in ``/dev/shm`` that a killed run leaves behind."""
     if "_lock" not in vars(tqdm.std.tqdm):
         tqdm.std.tqdm.set_lock(threading.RLock())
 
 
 class StepProgressBar(TQDMProgressBar):
-    """``TQDMProgressBar`` whose training bar spans the whole run in optimizer steps.
-
-    With a finite ``max_steps`` the bar's total is ``max_steps`` and it does not
-    restart at epoch boundaries; otherwise it behaves like Lightning's bar.
+    """``TQDMProgressBar`` whose training bar spans the whole run in optimizer steps (with a finite ``max_steps``).
 
     Args:
         refresh_rate: As Lightning's ``TQDMProgressBar``.
         process_position: As Lightning's ``TQDMProgressBar``.
         leave: As Lightning's ``TQDMProgressBar``.
-        lines: Plain lines instead of a bar; ``None`` (default): when the standard
-            output is not a terminal.
+        lines: Plain lines instead of a bar; ``None`` (default): when stdout is not a terminal.
         line_every_s: Seconds between two lines.
 
     Examples:

@@ -35,18 +35,12 @@ class SamplesPerInsert:
     """Keep ``sampled ≈ (inserted - min_size) * samples_per_insert`` within ``error_buffer``.
 
     Args:
-        samples_per_insert: Items sampled per item inserted (Acme's DQN uses 0.5..8,
-            SAC 256 at batch 256: each frame is replayed that many times).
-        min_size: Items inserted before the first sample (Reverb's
-            ``min_size_to_sample``).
+        samples_per_insert: Items sampled per item inserted: how often each frame is replayed.
+        min_size: Items inserted before the first sample (Reverb's ``min_size_to_sample``).
         error_buffer: Slack around the target, in items; at least
-            ``2 * max(1, samples_per_insert)`` and a batch. ``None``: two batches,
-            chosen when the DataModule knows its batch size.
+            ``2 * max(1, samples_per_insert)`` and a batch. ``None``: two batches.
         timeout: Seconds a side may wait before the run stops with
             :class:`~rb_lightning.errors.SampleTimeoutError` naming the side that stalled.
-
-    From YAML (``data.init_args.rate_limiter``) or the command line:
-    ``--data.rate_limiter.samples_per_insert 4``.
     """
 
     def __init__(
@@ -194,12 +188,7 @@ class SamplesPerInsert:
     def wait_for_insert(
         self, n: int | Callable[[], int], stop: threading.Event | None = None
     ) -> None:
-        """Block until ``n`` inserts are allowed (or ``stop`` is set), without counting them.
-
-        An asynchronous collector waits here before collecting; the frames are
-        counted when the training process writes them into the buffer. ``n`` may be
-        a callable, asked again after each wait (frames still on their way change).
-        """
+        """Block until ``n`` inserts are allowed (or ``stop`` is set), without counting them; ``n`` may be a callable, asked again after each wait."""
         start = time.monotonic()
         count = n if callable(n) else (lambda: n)
         while not self.can_insert(count()):
