@@ -197,12 +197,7 @@ class Composition:
         )
 
     def check_resumed(self, saved: Mapping[str, Any] | None) -> None:
-        """Refuse to resume a checkpoint whose mixture drew with other shares.
-
-        ``saved``: the checkpoint's :meth:`to_saved` (``None``: a checkpoint
-        written before it was kept, which is taken). Weights are compared as the
-        shares they draw (``{1, 3}`` is ``{2, 6}``), the default as its fractions.
-        """
+        """Refuse to resume a checkpoint whose mixture drew with other shares (weights compared as shares: ``{1, 3}`` is ``{2, 6}``; ``saved=None`` is taken)."""
         if saved is None:
             return
         before = Composition.from_saved(list(self.names), saved)

@@ -198,15 +198,7 @@ class BufferMixture(ReplayBufferEnsemble):
         return self._composition.counts(batch_size, torchrl_compat.buffer_generator(self))
 
     def check_members_alike(self) -> None:
-        """Refuse members whose items differ in keys, dtypes or per-item shapes.
-
-        Compares every member that holds items (not only those a batch draws
-        from), reading one item of each, until all members hold items and
-        match; from then on it costs nothing. :meth:`sample` and :meth:`items`
-        call it first: a mismatch is a :class:`~rb_lightning.errors.UsageError`
-        (a :class:`~rb_lightning.errors.MissingKeyError` for keys) naming the
-        key, the members and what each holds, never a silent cast.
-        """
+        """Refuse members whose items differ in keys, dtypes or per-item shapes (read once per member until all hold items); :meth:`sample` and :meth:`items` call it first."""
         if self._alike:
             return
         schemas = {name: schema(name, rb) for name, rb in self._members.items() if len(rb) > 0}
@@ -303,16 +295,11 @@ class BufferMixture(ReplayBufferEnsemble):
         priority: torch.Tensor,
         generation: torch.Tensor | None = None,
     ) -> int:
-        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return how
-        many updates were dropped because their slot was written since the draw.
+        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return the updates dropped.
 
-        ``generation``: the batch's ``"index_generation"`` (each slot's write stamp
-        at the draw). An item whose slot a writer has filled again since then now
-        holds a newer item, which keeps its priority: that update is dropped and
-        counted (:attr:`dropped_priority_updates`). Without ``generation``, or for a
-        member whose writer is neither round-robin nor tracking generations, every
-        update is applied. Items of members without a ``PrioritizedSampler`` are
-        skipped.
+        With ``generation`` (the batch's ``"index_generation"``), an update for a slot written since
+        the draw is dropped and counted (:attr:`dropped_priority_updates`). Members without a
+        ``PrioritizedSampler`` are skipped.
         """
         source = torch.as_tensor(source).reshape(-1)
         index = torch.as_tensor(index).reshape(-1)

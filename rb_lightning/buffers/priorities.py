@@ -119,10 +119,7 @@ def check_priority(
 
 
 def in_sampler_dtype(priority: Any, sampler: Any) -> torch.Tensor:
-    """``priority`` as a tensor of the type of ``sampler``'s sum tree (float32 by default).
-
-    Mixed precision (``"bf16-mixed"``, ``"16-mixed"``) and ``"64-true"`` compute a TD
-    error in another type than the tree's, and torchrl's trees take their own only.
+    """``priority`` as a tensor of the type of ``sampler``'s sum tree (mixed precision computes TD errors in another type; torchrl's trees take their own only).
 
     Examples:
         >>> from torchrl.data import PrioritizedSampler

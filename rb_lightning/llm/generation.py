@@ -94,18 +94,11 @@ def sample_completions(
 ) -> Completions:
     """Sample (or, ``greedy``, decode) up to ``max_new_tokens`` tokens after each prompt.
 
-    With ``completions_per_prompt = G`` each prompt row gets ``G`` completions (rows
-    ``i * G`` to ``i * G + G - 1`` of the result): the prompt is run through the model
-    once and its key/value cache repeated, instead of once per completion (for the
-    shipped GRPO config, 13% less time per training step).
-
-    A completion ends with its eos token (included, masked 1); what follows is
-    ``pad_token_id``, masked 0. Draws come from ``generator`` (on the model's
-    device), one ``torch.multinomial`` call per token. The log-probabilities
-    are those of the drawn tokens under the sampling distribution (the behaviour
-    policy's, at ``temperature``), read off the logits of the draw itself: they
-    equal :func:`completion_log_probs` of the whole sequences up to float rounding
-    (1e-6 for the shipped model).
+    With ``completions_per_prompt = G`` prompt ``i`` gets rows ``i * G`` to ``i * G + G - 1``,
+    from one pass over the prompt with its key/value cache repeated. A completion ends with
+    its eos (masked 1), then ``pad_token_id`` (masked 0). Draws come from ``generator``; the
+    log-probs are the drawn tokens' under the sampling distribution, equal to
+    :func:`completion_log_probs` up to float rounding.
     """
     if completions_per_prompt < 1:
         raise UsageError(

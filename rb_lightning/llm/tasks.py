@@ -50,19 +50,12 @@ class PromptTask:
     """Prompts, a tokenizer and (optionally) a correctness check, for GRPO on any task.
 
     Args:
-        prompts: The prompts: a list (each step draws uniformly from it with the step's
-            generator), or ``f(n, generator) -> list[str]`` / its ``"module:function"``
-            path (draw with ``generator`` only, so that the run's seed decides them and
-            a resume repeats them).
-        tokenizer: A ``transformers`` tokenizer with ``pad_token`` and ``eos_token``, or
-            a function returning one / its ``"module:function"`` path (built once, when
-            first needed: a path keeps the task small to copy into a worker process).
-        correct: ``f(prompt, completion) -> bool`` / its path: what ``validate`` and
-            ``test`` count as right (``val_accuracy``). ``None``: they log the mean
-            reward of the greedy completions (``val_reward``) instead.
-
-    Prompts are left-padded to ``GRPOModule(prompt_width=...)`` tokens; a longer one is
-    refused naming both numbers.
+        prompts: A list (each step draws uniformly with its generator), or
+            ``f(n, generator) -> list[str]`` / its ``"module:function"`` path.
+        tokenizer: A ``transformers`` tokenizer with ``pad_token`` and ``eos_token``, or a
+            function returning one / its path (built when first needed).
+        correct: ``f(prompt, completion) -> bool`` / its path: what ``validate`` and ``test``
+            count as right. ``None``: they log the mean greedy reward (``val_reward``).
     """
 
     def __init__(
