@@ -25,15 +25,12 @@ from rb_lightning.llm.generation import decode_text
 def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
     """``rows`` with ``prompt`` and ``completion`` strings decoded from their token ids.
 
-    Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask`` (the
-    layout of :mod:`rb_lightning.llm.generation`: prompt columns, then the
-    completion's); rows that already have both strings are kept as they are.
+    Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask``; rows that have
+    both strings are kept as they are.
 
     Args:
         rows: Rows such as those of ``to_hf_dataset(run, streaming=False)``.
-        tokenizer: The tokenizer the run used (``module.tokenizer``, its task's:
-            ``make_tokenizer()`` for the shipped arithmetic task). Required: ids
-            decoded with another tokenizer give other text without any error.
+        tokenizer: The tokenizer the run used (another one decodes other text, silently).
 
     Examples:
         >>> from rb_lightning.llm.data import make_tokenizer

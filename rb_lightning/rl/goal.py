@@ -27,16 +27,15 @@ __all__ = ["StopAtGoal"]
 class StopAtGoal(Callback):
     """Stop ``fit`` once the greedy evaluation episodes reach ``threshold``.
 
+    The module needs an ``evaluation`` (as DQN and SAC have); ``goal_return`` logs the last
+    evaluation's mean. Under DDP a rank at the goal makes every rank evaluate, so all stop
+    together.
+
     Args:
         threshold: The goal: a mean return of at least this (``mode="max"``).
         monitor: The logged training metric that triggers an evaluation when it reaches
             ``threshold`` (checked at each training epoch's end).
         mode: ``"max"`` (higher returns are better) or ``"min"``.
-
-    The module must have an ``evaluation`` (:class:`~rb_lightning.rl.Evaluation`), as
-    :class:`~rb_lightning.rl.DQN` and :class:`~rb_lightning.rl.SAC` do. Logged:
-    ``goal_return``, the mean of the last evaluation. Under DDP a rank at the goal makes
-    every rank evaluate (the same weights on the same seeds), so all stop together.
     """
 
     def __init__(self, threshold: float, monitor: str = "episode_return", mode: str = "max") -> None:
