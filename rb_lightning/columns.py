@@ -73,11 +73,7 @@ def _as_tuple(key: NestedKey) -> tuple[str, ...]:
 
 
 def check_unique_names(keys: Iterable[NestedKey]) -> None:
-    """Raise if two different keys flatten to the same ``"a.b"`` name.
-
-    A literal ``"a.b"`` key next to the nested ``("a", "b")`` would otherwise
-    silently overwrite one another in the flat output.
-    """
+    """Raise if two different keys flatten to the same ``"a.b"`` name (one would overwrite the other)."""
     seen: dict[str, NestedKey] = {}
     for key in keys:
         name = flat_name(key)
@@ -152,11 +148,7 @@ def batch_length(batch: Any) -> int:
 def rows(
     cols: Mapping[str, torch.Tensor | list[Any]], length: int, device: torch.device | None
 ) -> Iterable[dict[str, Any]]:
-    """Yield ``length`` per-item dicts from flat columns.
-
-    Tensor columns are split with ``unbind`` (views, no copy) after an optional
-    single device move of the whole column.
-    """
+    """Yield ``length`` per-item dicts from flat columns (tensors ``unbind``-ed: views, one device move per column)."""
     names = list(cols)
     parts: list[Sequence[Any]] = []
     for name in names:

@@ -1,14 +1,9 @@
 """Policy versions: which update of the policy produced a stored item, and how stale it is.
 
-A producer (a generator of completions, an environment collector) stamps every
-item it writes with the version of the policy that acted, in the column
-:data:`POLICY_VERSION_KEY`. The consumer (the learner) counts its own version,
-the number of optimizer updates applied so far. An item's *staleness* is
-``consumer_version - policy_version``: 0 for an item the current policy
-produced, ``k`` for one produced ``k`` updates ago. A sampler with
-``max_staleness=s`` draws only items with staleness ``<= s``.
-
-Imports nothing but torch, so samplers, collectors and modules can share it.
+Producers stamp each item with the acting policy's version (:data:`POLICY_VERSION_KEY`);
+the learner counts its optimizer updates. Staleness is ``consumer_version -
+policy_version``; a sampler with ``max_staleness=s`` draws only items with staleness
+``<= s``. Imports nothing but torch.
 
 Examples:
     >>> import torch

@@ -49,13 +49,7 @@ def check_replay_buffer(
 
 
 def as_int(value: Any) -> int | None:
-    """``value`` as a plain ``int`` if it is an integer of any kind, else ``None``.
-
-    Accepts Python and numpy integers (any ``numbers.Integral``) and 0-d
-    integer tensors (``torch.tensor(8)``), which config arithmetic and
-    ``len()`` of arrays produce. ``bool`` is refused: ``True`` as a batch size is
-    a bug, not 1.
-    """
+    """``value`` as a plain ``int`` for any integer (Python, numpy, a 0-d tensor), else ``None``; ``bool`` is refused (``True`` as a batch size is a bug)."""
     if isinstance(value, bool):  # numpy.bool_ is not Integral: refused below
         return None
     if isinstance(value, numbers.Integral):

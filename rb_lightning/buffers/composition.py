@@ -1,16 +1,9 @@
 """A :class:`~rb_lightning.BufferMixture`'s composition: exact fractions or random weights.
 
-:class:`Composition` keeps the values as the user typed them (errors and the
-checkpoint quote those, never rescaled ones), says how many items of each member a
-batch holds (:meth:`Composition.counts`), and refuses a resume with other shares
-(:meth:`Composition.check_resumed`).
-
-Rules:
-
-* ``fractions`` must add up to 1 and each ``fraction * batch_size`` must be a whole
-  number, both to within :data:`FRACTION_TOLERANCE` (the rounding of typed decimals
-  such as ``0.1 + 0.2``); the count is then ``round(fraction * batch_size)``;
-* ``weights`` are relative: any positive total, normalised to probabilities.
+:class:`Composition` keeps the values as typed (errors and checkpoints quote those), says
+how many items of each member a batch holds and refuses a resume with other shares.
+``fractions`` must add up to 1 and make whole counts, to within :data:`FRACTION_TOLERANCE`
+(the rounding of typed decimals); ``weights`` are relative.
 
 Examples:
     >>> c = Composition.of(["offline", "online"], fractions={"offline": 0.25, "online": 0.75})
@@ -204,12 +197,7 @@ class Composition:
         )
 
     def check_resumed(self, saved: Mapping[str, Any] | None) -> None:
-        """Refuse to resume a checkpoint whose mixture drew with other shares.
-
-        ``saved``: the checkpoint's :meth:`to_saved` (``None``: a checkpoint
-        written before it was kept, which is taken). Weights are compared as the
-        shares they draw (``{1, 3}`` is ``{2, 6}``), the default as its fractions.
-        """
+        """Refuse to resume a checkpoint whose mixture drew with other shares (weights compared as shares: ``{1, 3}`` is ``{2, 6}``; ``saved=None`` is taken)."""
         if saved is None:
             return
         before = Composition.from_saved(list(self.names), saved)

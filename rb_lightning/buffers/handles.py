@@ -1,23 +1,11 @@
 """Buffer handles: what kind of buffer a run trains from, decided once.
 
-A replay buffer reaches the DataModule as one of four kinds, and each kind
-samples, takes priorities, checkpoints and meets DataLoader workers in its own
-way. :func:`resolve_buffer` is the one place that looks at the kind; it returns
-a :class:`BufferHandle` and everything else (the DataModule, the stream, the
-collector, the Hugging Face export) talks to that interface only:
-
-============================  ===================  =========================================
-given                         handle               checkpointed
-============================  ===================  =========================================
-a ``ReplayBuffer``            :class:`LocalBuffer`   in the ``.ckpt`` or beside it
-the same, under DDP           :class:`RankBuffers`   one dump per rank, beside the ``.ckpt``
-a Ray-served buffer           ``RemoteBuffer``       by its actor, once, beside the ``.ckpt``
-a :class:`BufferMixture`      :class:`MixtureBuffer` member by member
-============================  ===================  =========================================
-
-A new kind of buffer is a new handle, registered
-(:func:`~rb_lightning.buffers.registry.register_buffer_kind`), not a branch in
-every module using a buffer: :mod:`rb_lightning.distributed` registers the Ray kind.
+Each kind of buffer samples, takes priorities, checkpoints and meets DataLoader workers in
+its own way. :func:`resolve_buffer` is the one place that looks at the kind and returns a
+:class:`BufferHandle`: :class:`LocalBuffer` (a ``ReplayBuffer``), :class:`RankBuffers` (the
+same under DDP, a dump per rank), ``RemoteBuffer`` (Ray-served, saved by its actor) or
+:class:`MixtureBuffer` (a :class:`BufferMixture`, member by member). A new kind is a new
+handle, registered with :func:`~rb_lightning.buffers.registry.register_buffer_kind`.
 
 Examples:
     >>> import torch
@@ -145,8 +133,7 @@ class BufferHandle:
     """One replay buffer as a training run uses it, whatever serves it.
 
     Args:
-        replay_buffer: The buffer the user gave (kept as it is: the handle adds
-            no state of its own).
+        replay_buffer: The buffer the user gave (the handle adds no state of its own).
     """
 
     #: Whether this process draws its own samples (``False``: a shared actor
@@ -235,11 +222,7 @@ class BufferHandle:
         """Raise :class:`UsageError` if the buffer cannot be trained from by ``world_size`` ranks."""
 
     def check_batch_size(self, batch_size: int) -> None:
-        """Refuse a prefetching buffer whose own batch size differs from ``batch_size``.
-
-        A prefetching buffer samples ahead with its own ``batch_size`` and returns
-        those batches whatever size ``sample()`` asks for (torchrl only warns).
-        """
+        """Refuse a prefetching buffer whose own batch size differs from ``batch_size`` (it returns its own size; torchrl only warns)."""
         rb = self.replay_buffer
         own = torchrl_compat.default_batch_size(rb)
         if torchrl_compat.has_prefetch(rb) and own != batch_size:
@@ -262,11 +245,7 @@ class BufferHandle:
         return set(leaf_keys(rb[torch.zeros(1, dtype=torch.long)]))
 
     def check_keys(self, keys: list[NestedKey] | None) -> None:
-        """Raise :class:`UsageError` if one of ``keys`` is in none of the stored items.
-
-        Quiet while nothing is stored (a collector fills the buffer later): the
-        first sample checks then.
-        """
+        """Raise :class:`UsageError` if one of ``keys`` is in none of the stored items (quiet while nothing is stored)."""
         stored = None if keys is None else self.stored_keys()
         if stored is None:
             return
@@ -280,12 +259,7 @@ class BufferHandle:
             )
 
     def prepare(self, num_workers: int) -> None:
-        """Make the buffer ready to train from: its own generator, shared with workers.
-
-        Both change the user's buffer, so they happen in ``setup``, not when the
-        DataModule is built: sampling must draw from a generator a checkpoint can
-        restore (not the global RNG), and workers need a process-shared write lock.
-        """
+        """Make the buffer ready to train from: its own generator (a checkpoint restores it), shared with workers; in ``setup``, as both change the user's buffer."""
         ensure_generator(self.replay_buffer)
         rb = self.replay_buffer
         if num_workers == 0 or not isinstance(rb.storage, TensorStorage) or rb.shared:
@@ -349,11 +323,7 @@ class BufferHandle:
         verify: Verify,
         redistribution: Redistribution | None = None,
     ) -> list[Any]:
-        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first.
-
-        ``redistribution``: deal the saved ranks' items out anew (decided once,
-        by :func:`~rb_lightning.persist.elastic.plan_redistribution`).
-        """
+        """Restore :meth:`state_dict`; return the read-ahead batches to hand out first (``redistribution``: deal the items out anew)."""
         return restore_buffer_state(
             self.replay_buffer,
             record,

@@ -1,11 +1,8 @@
 """The columns of a :class:`~rb_lightning.BufferMixture`'s members: alike, or refused.
 
-A batch concatenates the members' items, and ``torch.cat`` of two dtypes casts to
-the wider one without a word (``float32`` next to ``float64``, ``int32`` next to
-``int64``) or fails on per-item shapes with a message naming neither key nor
-member. :func:`check_alike` compares the members' key sets, dtypes and per-item
-shapes (:func:`schema` of each, read from one stored item) and refuses a mismatch
-with one paragraph naming the key, the members, what each holds and the fix.
+``torch.cat`` of two dtypes casts to the wider one silently, and fails on other per-item
+shapes naming neither key nor member; :func:`check_alike` compares the members' keys,
+dtypes and shapes first and names the key, the members and the fix.
 
 Examples:
     >>> import torch

@@ -1,30 +1,14 @@
 """``BufferMixture``: several named replay buffers sampled as one, with a per-batch composition.
 
-A :class:`BufferMixture` is a torchrl ``ReplayBufferEnsemble`` built from named
-members (``members={"offline": rb_a, "online": rb_b}``; the order of the names
-gives each member its integer *source id*) and one composition:
+Each member keeps its own storage, sampler and writer; a draw is one flat ``[batch_size]``
+``TensorDict`` with, per item, ``"source"`` (the member's id), ``"index"`` (in its member)
+and, when any member is prioritized, ``"priority_weight"`` and ``"index_generation"`` (a
+priority update for a slot written since the draw is dropped and counted).
 
-* ``fractions={"offline": 0.5, "online": 0.5}``: every batch holds exactly
-  ``fraction * batch_size`` items of each member (RLPD-style symmetric sampling);
-* ``weights={"offline": 1, "online": 3}``: each item's member is drawn at random
-  with these relative weights (torchrl's ``p``).
-
-Each member keeps its own storage, sampler and writer (a ``PrioritizedSampler``
-member next to uniform ones is fine). A draw is one flat ``[batch_size]``
-``TensorDict`` with, per item, ``"source"`` (the member's id, ``int64``),
-``"index"`` (the item's index in its member) and, when any member is prioritized,
-``"priority_weight"`` (``1.0`` for items of uniform members) and ``"index_generation"``
-(the slot's write stamp at the draw: a priority update for a slot written since is
-dropped and counted, :meth:`BufferMixture.update_member_priority`).
-
-Why the draw is not ``ReplayBufferEnsemble.sample``: in torchrl 0.14.1 it returns
-``[k, batch_size / k]`` batches, with a nested index, and raises when a
-prioritized member is mixed with a uniform one (its ``SamplerEnsemble`` stacks
-the members' sampler infos, whose keys differ). :meth:`BufferMixture.sample`
-therefore draws each member's share with that member's own ``sample`` (its own
-sampler and storage, the mixture's generator) and concatenates them; the
-composition is the one torchrl's ``SamplerEnsemble`` is built with
-(``sample_from_all`` for fractions, ``p`` for weights), which it also keeps.
+Not ``ReplayBufferEnsemble.sample``: in torchrl 0.14.1 it returns ``[k, batch_size / k]``
+batches and raises when a prioritized member is mixed with a uniform one, so
+:meth:`BufferMixture.sample` draws each member's share with its own ``sample`` and
+concatenates them.
 
 Examples:
     >>> import torch
@@ -39,10 +23,8 @@ Examples:
     >>> mix = BufferMixture({"offline": offline, "online": online},
     ...                     fractions={"offline": 0.5, "online": 0.5})
     >>> batch = mix.sample(8)
-    >>> batch.batch_size, batch["source"].tolist(), mix.names
-    (torch.Size([8]), [0, 0, 0, 0, 1, 1, 1, 1], ['offline', 'online'])
-    >>> sorted(batch.keys())
-    ['index', 'index_generation', 'priority_weight', 'source', 'x']
+    >>> batch["source"].tolist(), sorted(batch.keys())
+    ([0, 0, 0, 0, 1, 1, 1, 1], ['index', 'index_generation', 'priority_weight', 'source', 'x'])
 """
 
 from __future__ import annotations
@@ -92,23 +74,17 @@ def _stamps_now(rb: ReplayBuffer, index: torch.Tensor) -> torch.Tensor | None:
 class BufferMixture(ReplayBufferEnsemble):
     """Named replay buffers sampled as one flat batch, with fixed fractions or random weights.
 
+    Writes go to a member (``mixture.member("online").extend(...)``); the mixture is read-only.
+
     Args:
-        members: Name -> buffer. The names, in this order, are the source ids
-            ``0, 1, ...`` of the ``"source"`` column (:attr:`names`). Each member
-            should store ``TensorDict`` items with the same keys.
+        members: Name -> buffer; in this order, the source ids ``0, 1, ...`` of the
+            ``"source"`` column (:attr:`names`). Members store items with the same keys.
 
     Keyword Args:
-        fractions: Name -> share of every batch, exactly: a member with fraction
-            ``f`` gives ``f * batch_size`` items of each batch. The fractions must
-            add up to 1, and each ``f * batch_size`` must be a whole number (both
-            to within :data:`FRACTION_TOLERANCE`); anything else is refused.
-        weights: Name -> relative weight: each item of a batch comes from a
-            member drawn at random with these weights (the counts per batch vary).
-            With neither ``fractions`` nor ``weights``: equal fractions.
-
-    Writes go to a member (``mixture.member("online").extend(...)``, or
-    ``OnlineCollector(member="online")``); the mixture itself is read-only, as
-    torchrl's ensemble is.
+        fractions: Name -> exact share of every batch; they add up to 1 and each
+            ``f * batch_size`` is whole (to within :data:`FRACTION_TOLERANCE`).
+        weights: Name -> relative weight of a random draw per item. With neither: equal
+            fractions.
 
     Examples:
         >>> import torch
@@ -222,15 +198,7 @@ class BufferMixture(ReplayBufferEnsemble):
         return self._composition.counts(batch_size, torchrl_compat.buffer_generator(self))
 
     def check_members_alike(self) -> None:
-        """Refuse members whose items differ in keys, dtypes or per-item shapes.
-
-        Compares every member that holds items (not only those a batch draws
-        from), reading one item of each, until all members hold items and
-        match; from then on it costs nothing. :meth:`sample` and :meth:`items`
-        call it first: a mismatch is a :class:`~rb_lightning.errors.UsageError`
-        (a :class:`~rb_lightning.errors.MissingKeyError` for keys) naming the
-        key, the members and what each holds, never a silent cast.
-        """
+        """Refuse members whose items differ in keys, dtypes or per-item shapes (read once per member until all hold items); :meth:`sample` and :meth:`items` call it first."""
         if self._alike:
             return
         schemas = {name: schema(name, rb) for name, rb in self._members.items() if len(rb) > 0}
@@ -327,16 +295,11 @@ class BufferMixture(ReplayBufferEnsemble):
         priority: torch.Tensor,
         generation: torch.Tensor | None = None,
     ) -> int:
-        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return how
-        many updates were dropped because their slot was written since the draw.
+        """Give each item (``source[i]``, ``index[i]``) its new ``priority[i]``; return the updates dropped.
 
-        ``generation``: the batch's ``"index_generation"`` (each slot's write stamp
-        at the draw). An item whose slot a writer has filled again since then now
-        holds a newer item, which keeps its priority: that update is dropped and
-        counted (:attr:`dropped_priority_updates`). Without ``generation``, or for a
-        member whose writer is neither round-robin nor tracking generations, every
-        update is applied. Items of members without a ``PrioritizedSampler`` are
-        skipped.
+        With ``generation`` (the batch's ``"index_generation"``), an update for a slot written since
+        the draw is dropped and counted (:attr:`dropped_priority_updates`). Members without a
+        ``PrioritizedSampler`` are skipped.
         """
         source = torch.as_tensor(source).reshape(-1)
         index = torch.as_tensor(index).reshape(-1)

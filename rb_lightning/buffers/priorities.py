@@ -1,19 +1,12 @@
 """One guard for every place priorities enter a replay buffer.
 
-A single NaN priority poisons a ``PrioritizedSampler`` for good: its sum tree
-becomes NaN and sampling returns one item (index 0) over and over, silently.
-Negative priorities corrupt the tree the same way. :func:`check_priority`
-refuses both (``invalid="raise"``, the default) or replaces them with the
-sampler's current max priority (``invalid="replace"``) and says how many.
-
-:meth:`~rb_lightning.ReplayBufferDataModule.update_priority` and
-:class:`~rb_lightning.distributed.ray.RayReplayBufferView` run it; call it yourself before
-``rb.update_priority`` anywhere else.
+One NaN or negative priority poisons a ``PrioritizedSampler``'s sum tree for good (it then
+samples index 0 over and over). :func:`check_priority` refuses them (``invalid="raise"``)
+or replaces them with the current max priority (``"replace"``); call it before
+``rb.update_priority`` anywhere the DataModule does not.
 
 Examples:
     >>> import torch
-    >>> check_priority(torch.tensor([0.5, 2.0]))
-    tensor([0.5000, 2.0000])
     >>> check_priority(torch.tensor([0.5, float("nan")]), invalid="replace", replacement=3.0)
     tensor([0.5000, 3.0000])
 """
@@ -126,10 +119,7 @@ def check_priority(
 
 
 def in_sampler_dtype(priority: Any, sampler: Any) -> torch.Tensor:
-    """``priority`` as a tensor of the type of ``sampler``'s sum tree (float32 by default).
-
-    Mixed precision (``"bf16-mixed"``, ``"16-mixed"``) and ``"64-true"`` compute a TD
-    error in another type than the tree's, and torchrl's trees take their own only.
+    """``priority`` as a tensor of the type of ``sampler``'s sum tree (mixed precision computes TD errors in another type; torchrl's trees take their own only).
 
     Examples:
         >>> from torchrl.data import PrioritizedSampler

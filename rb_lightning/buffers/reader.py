@@ -1,25 +1,13 @@
 """The one reader of saved replay buffers: whatever wrote them, into a buffer or opened fresh.
 
-:func:`load_buffer` restores a buffer you built; :func:`open_saved_buffer`
-returns a fresh ``ReplayBuffer`` built like the saved one (``to_hf_dataset(path)``
-uses it; ``rb-lightning-export-hf`` reads through :meth:`SavedBuffer.read`, which
-also says what the path was). Both take the same paths and the same
-``member`` / ``rank``, and raise the same error for the same mistake
-(:class:`~rb_lightning.errors.SavedBufferError` and its subclasses; a damaged
-buffer is a :class:`~rb_lightning.errors.BufferCheckpointError`). A path is:
-
-* a Lightning run: its directory (``runs/<config>/version_<N>``, meaning its
-  ``checkpoints/last.ckpt``), a config's directory of runs (``runs/<config>``:
-  the newest ``last.ckpt``), or a ``.ckpt`` written by a run with a
-  :class:`~rb_lightning.ReplayBufferDataModule`, whichever way its buffer was
-  saved (the checkpoint's :class:`~rb_lightning.persist.record.BufferRecord`
-  says: inside the ``.ckpt``, beside it, per DDP rank, a mixture, a Ray actor's);
-* a :func:`~rb_lightning.checkpoint.dump_buffer` directory;
-* a ``ReplayBuffer.dumps(path)`` directory (tensor storages; opened only);
-* a ``torch.save(rb, path)`` file (or of a ``TensorDict`` of items): a pickle,
-  opened only with ``allow_pickle=True``.
-
-A checkpoint is read with ``torch.load(weights_only=True)``: nothing is unpickled.
+:func:`load_buffer` restores a buffer you built; :func:`open_saved_buffer` returns a fresh
+``ReplayBuffer`` built like the saved one (:meth:`SavedBuffer.read` also says what the path
+was). Both take the same paths and ``member`` / ``rank`` and raise the same
+:class:`~rb_lightning.errors.SavedBufferError` for the same mistake. A path is a Lightning
+run (its directory, a config's directory of runs, or a ``.ckpt``: its
+:class:`~rb_lightning.persist.record.BufferRecord` says where the buffer is), a
+:func:`~rb_lightning.checkpoint.dump_buffer` directory, a ``ReplayBuffer.dumps`` directory
+(opened only), or a ``torch.save`` pickle (opened only with ``allow_pickle=True``).
 
 Examples:
     >>> import tempfile
@@ -125,13 +113,10 @@ def _not_a_saved_buffer(location: Path) -> str:
 def read_torch_file(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
     """``torch.load(path)`` with ``weights_only=True`` unless ``allow_pickle``.
 
-    A Lightning checkpoint of a run with a :class:`~rb_lightning.ReplayBufferDataModule`
-    holds tensors, numbers, strings and containers only, so it is read without
-    unpickling anything. A file that holds other objects (``torch.save(rb, path)``
-    of a whole buffer object) raises :class:`~rb_lightning.errors.PickleRefusedError`
-    naming them, unless ``allow_pickle=True``: unpickling can run any code, so only
-    for files you trust. A file ``torch.save`` did not write (text, an empty file)
-    raises :class:`~rb_lightning.errors.NotASavedBufferError` saying so.
+    A checkpoint of a run with the DataModule holds plain data only, so nothing is unpickled.
+    Other objects raise :class:`~rb_lightning.errors.PickleRefusedError` naming them (unpickling
+    can run any code); a file ``torch.save`` did not write raises
+    :class:`~rb_lightning.errors.NotASavedBufferError`.
     """
     if Path(path).is_file() and Path(path).stat().st_size == 0:
         raise NotASavedBufferError("path", f"{path} is empty (0 bytes). {_WHAT_TO_PASS}")
@@ -270,23 +255,20 @@ def load_buffer(
 ) -> list[TensorDictBase]:
     """Restore ``replay_buffer`` from a dump, a Lightning checkpoint or a run directory.
 
-    ``replay_buffer`` must be built like the saved one (storage, capacity,
-    sampler, writer); a :class:`~rb_lightning.BufferMixture` takes a whole
-    saved mixture. See the module doc for the paths it takes.
+    ``replay_buffer`` must be built like the saved one (storage, capacity, sampler, writer);
+    a :class:`~rb_lightning.BufferMixture` takes a whole saved mixture.
 
     Keyword Args:
-        member: The member to read from a checkpoint of a :class:`BufferMixture`
-            (pass the whole mixture as ``replay_buffer`` to restore every member).
-        rank: The rank whose buffer to read from a checkpoint of a DDP run.
+        member: The member to read from a mixture's checkpoint.
+        rank: The rank whose buffer to read from a DDP run's checkpoint.
         verify: What is checked before the buffer is touched
-            (see :func:`~rb_lightning.persist.manifest.read_manifest`).
+            (:func:`~rb_lightning.persist.manifest.read_manifest`).
 
     Returns:
         The batches the run had read ahead of the saved step (for an exact resume).
 
     Raises:
-        SavedBufferError: ``path``, ``member`` or ``rank`` does not fit the saved
-            buffer (one subclass per mistake).
+        SavedBufferError: ``path``, ``member`` or ``rank`` does not fit the saved buffer.
         BufferCheckpointError: The saved buffer is damaged, or built unlike ``replay_buffer``.
     """
     located = _locate(path)
@@ -429,28 +411,22 @@ def open_saved_buffer(
 ) -> ReplayBuffer:
     """A fresh ``ReplayBuffer`` built like the one saved at ``path``, holding its content.
 
-    Its storage, capacity, sampler (with its settings) and writer are the saved
-    ones; several buffers read at once (a mixture's members, a DDP run's ranks)
-    come as a :class:`~rb_lightning.BufferMixture` with a ``"source"`` column.
-    :meth:`SavedBuffer.read` also says what ``path`` was.
+    Storage, capacity, sampler and writer are the saved ones; several buffers (a mixture's
+    members, a DDP run's ranks) come as a :class:`~rb_lightning.BufferMixture` with a
+    ``"source"`` column.
 
     Args:
-        path: A run directory, a ``.ckpt``, a dump directory or a saved file
-            (see the module doc).
+        path: A run directory, a ``.ckpt``, a dump directory or a saved file.
 
     Keyword Args:
-        member: For a checkpoint of a :class:`~rb_lightning.BufferMixture`: the
-            member to read; default: all, with a ``"source"`` column.
-        rank: For a checkpoint of a DDP run (one buffer per rank): the rank to
-            read; default: all, with a ``"source"`` column holding the rank.
-        allow_pickle: Read a ``torch.save(rb, path)`` file (a pickle: it can run
-            code when read; only for files you trust). Never needed for a run's
-            checkpoint or a dump.
+        member: For a mixture's checkpoint: the member to read; default: all.
+        rank: For a DDP run's checkpoint: the rank to read; default: all.
+        allow_pickle: Read a ``torch.save(rb, path)`` file (it can run code: only files you
+            trust). Never needed for a checkpoint or a dump.
 
     Raises:
         SavedBufferError: ``path`` is not a saved buffer, or ``member`` / ``rank`` /
-            ``allow_pickle`` do not fit it (one subclass per mistake); the message
-            says what the path is and how to read it.
+            ``allow_pickle`` do not fit it; the message says how to read it.
         BufferCheckpointError: The saved buffer is damaged or incomplete.
 
     Examples:

@@ -1,23 +1,12 @@
-"""A replay buffer that another process extends while this one samples it; this one learns which rows are new.
+"""A replay buffer another process extends while this one samples it; this one learns the new rows.
 
-The collector of ``OnlineCollector(asynchronous=True, run_in="process")`` and the
-generation worker of asynchronous GRPO write their items into the replay buffer
-themselves, through torchrl's shared buffer state: the storage's rows in shared memory
-(or its memory-mapped files), its length, write cursor and write count in
-``multiprocessing.Value``s, and one lock around every write and every sample, so a
-sample never reads a half-written row. The training process writes nothing; it
-*learns* the rows written since it last looked (:meth:`WorkerWrites.learn`): their
-storage indices go to the sampler that samples them (a ``PrioritizedSampler`` gives them
-the maximal priority, as a write in this process would), and the caller counts them
-(a rate limiter, a collector's frames).
-
-A save holds the lock while it reads the buffer (``dump_buffer``), so a checkpoint never
-has half a write; the rows written after the trainer last learned are in it, and a
-resumed run learns them first (the caller saves ``rows_learned``).
-
-A writer that dies while it holds the lock would leave every later sample waiting on it:
-:class:`WriterLock` notices a dead holder and raises
-:class:`~rb_lightning.errors.CollectorError` instead.
+An asynchronous collector or GRPO generation worker writes into the buffer through
+torchrl's shared state (rows in shared memory, length and cursors in
+``multiprocessing.Value``s, one lock around every write and sample). The training process
+*learns* the rows written since it last looked (:meth:`WorkerWrites.learn`) and hands them
+to its sampler (a ``PrioritizedSampler`` gives them the max priority). A save holds the
+lock, and a resumed run learns unlearned rows first. :class:`WriterLock` turns a writer
+that died holding the lock into a :class:`~rb_lightning.errors.CollectorError`.
 
 Examples:
     >>> import multiprocessing, torch

@@ -1,17 +1,10 @@
 """What a DataModule stores in a Lightning checkpoint for its buffer, and how it is restored.
 
-One pair of functions per kind of buffer: :func:`buffer_state` /
-:func:`restore_buffer_state` (a buffer of this process), :func:`mixture_state` /
-:func:`restore_mixture_state` (a :class:`~rb_lightning.BufferMixture`) and
-:func:`rank_buffer_state` (one buffer per DDP rank, restored by
-:func:`restore_buffer_state` on each rank). A Ray buffer's are
-:func:`~rb_lightning.distributed.ray_checkpoint.remote_buffer_state` and
-:func:`~rb_lightning.distributed.ray_checkpoint.restore_remote_buffer_state`.
-
-Where a dump goes is a size policy (:data:`DEFAULT_INLINE_MAX_BYTES`): a small
-buffer's dump is packed (uncompressed tar) into a ``uint8`` tensor stored in
-the ``.ckpt`` itself; a larger one becomes a :class:`~rb_lightning.checkpoint.BufferDumpRequest`
-that :class:`~rb_lightning.checkpoint.BufferCheckpointIO` writes beside it.
+One pair per kind: :func:`buffer_state` / :func:`restore_buffer_state`,
+:func:`mixture_state` / :func:`restore_mixture_state`, and :func:`rank_buffer_state` (one
+buffer per DDP rank). A dump up to :data:`DEFAULT_INLINE_MAX_BYTES` is packed into the
+``.ckpt``; a larger one becomes a :class:`~rb_lightning.checkpoint.BufferDumpRequest` that
+:class:`~rb_lightning.checkpoint.BufferCheckpointIO` writes beside it.
 
 Examples:
     >>> import torch
@@ -19,15 +12,12 @@ Examples:
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-    >>> state = buffer_state(rb)  # small: packed inline, as the DataModule's state_dict holds it
-    >>> record = BufferRecord.from_dict(state)
+    >>> record = BufferRecord.from_dict(buffer_state(rb))
     >>> record.kind, record.len
     ('inline', 4)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(10))
-    >>> restore_buffer_state(restored, record)
-    []
-    >>> restored[:]["x"].tolist(), restored.write_count
-    ([0, 1, 2, 3], 4)
+    >>> restore_buffer_state(restored, record), restored[:]["x"].tolist()
+    ([], [0, 1, 2, 3])
 """
 
 from __future__ import annotations
@@ -82,12 +72,7 @@ def buffer_state(
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
     pending_batches: Sequence[Any] = (),
 ) -> dict[str, Any] | BufferDumpRequest:
-    """What a DataModule puts in its ``state_dict`` for ``replay_buffer``, a buffer of this process.
-
-    Inline (a packed dump) when the storage holds at most ``inline_max_bytes``
-    bytes or is a ``ListStorage``; otherwise a :class:`~rb_lightning.checkpoint.BufferDumpRequest`
-    that :class:`~rb_lightning.checkpoint.BufferCheckpointIO` writes beside the ``.ckpt``.
-    """
+    """What a DataModule's ``state_dict`` holds for a buffer of this process: a packed dump up to ``inline_max_bytes`` (or a ``ListStorage``), else a :class:`~rb_lightning.checkpoint.BufferDumpRequest`."""
     ensure_generator(replay_buffer)
     small = buffer_nbytes(replay_buffer) <= inline_max_bytes
     if not small and not isinstance(replay_buffer.storage, ListStorage):
@@ -110,12 +95,7 @@ def mixture_state(
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
     pending_batches: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """:func:`buffer_state` of every member of ``mixture``, and the mixture's generator.
-
-    Each member is saved as a single buffer is (inline or beside the ``.ckpt``,
-    by its own size); the pending batches go with the first member. The
-    generator every member samples with is saved once, as a tensor.
-    """
+    """:func:`buffer_state` of every member of ``mixture`` (the pending batches with the first) and the mixture's generator, once."""
     generator = ensure_generator(mixture)
     members: dict[str, Any] = {}
     for number, (name, member) in enumerate(mixture.members.items()):
@@ -138,11 +118,8 @@ def restore_mixture_state(
 ) -> list[TensorDictBase]:
     """Inverse of :func:`mixture_state`; returns the pending batches to hand out first.
 
-    Every member's dump is verified (``verify``, see
-    :func:`~rb_lightning.checkpoint.read_manifest`) before any member is
-    loaded, so a damaged member leaves the whole mixture as it was; so is the
-    composition (a mixture given other fractions or weights than the saved one's
-    is refused, naming both).
+    Every member's dump and the composition are verified before any member is loaded, so a
+    damaged member or other fractions leave the whole mixture as it was.
     """
     record = BufferRecord.of(record)
     if not record.is_mixture:
@@ -181,12 +158,9 @@ def rank_buffer_state(
 ) -> BufferDumpRequest:
     """Every DDP rank's buffer in one checkpoint: call on all ranks (it is collective).
 
-    Each rank dumps its own buffer into ``<staging>/<version>.tmp/rank<r>``
-    (``<staging>`` is ``.rb_lightning-staging`` in the checkpoint directory, so
-    every rank must see that directory: one node or a shared filesystem). The
-    ranks agree on ``version`` and on success before any returns; rank 0's
-    :class:`~rb_lightning.checkpoint.BufferCheckpointIO` then moves the complete version beside the
-    ``.ckpt`` with one rename before it writes the ``.ckpt``.
+    Each rank dumps into ``<checkpoint dir>/.rb_lightning-staging/<version>.tmp/rank<r>`` (one
+    node or a shared filesystem); the ranks agree on ``version`` and success, and rank 0's
+    ``BufferCheckpointIO`` moves the version beside the ``.ckpt`` with one rename.
     """
     strategy = trainer.strategy
     rank, world_size = trainer.global_rank, trainer.world_size
@@ -229,14 +203,9 @@ def restore_buffer_state(
 ) -> list[TensorDictBase]:
     """Inverse of :func:`buffer_state`; returns the pending batches to hand out first.
 
-    ``record``: the :class:`~rb_lightning.persist.record.BufferRecord`, or the dict a
-    checkpoint stores of it. ``rank``: of the restoring process. A checkpoint of a DDP run holds one
-    buffer per rank; each rank restores its own. With a ``redistribution``
-    (:func:`~rb_lightning.persist.elastic.plan_redistribution`: saved by another
-    number of processes), every rank takes its share of all the saved items
-    instead. ``verify``: what is checked before the buffer is touched (see
-    :func:`~rb_lightning.persist.manifest.read_manifest`). Another rank's
-    placeholder (kind ``"elsewhere"``, of a Ray run) restores nothing.
+    ``record``: a :class:`~rb_lightning.persist.record.BufferRecord` or its dict. Each DDP rank
+    restores its own dump (``rank``), or with a ``redistribution`` its share of all of them;
+    ``verify``: what is checked first. An ``"elsewhere"`` record restores nothing.
     """
     record = BufferRecord.of(record)
     if redistribution is not None:

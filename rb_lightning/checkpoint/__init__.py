@@ -1,26 +1,13 @@
 """Replay-buffer checkpoints, as a user calls them: save a buffer, read one back, verify it.
 
-A resumed online RL / RLHF run needs its buffer back exactly: content, writer
-cursor and ``write_count``, sampler state (priorities, the without-replacement
-permutation) and the sampling generator. A :class:`~rb_lightning.ReplayBufferDataModule`
-saves and restores its buffer with every Lightning checkpoint by itself
-(:class:`BufferCheckpointIO` writes a large one beside the ``.ckpt``); these
-are the names for everything else:
-
-* :func:`dump_buffer` / :func:`load_dump`: a buffer to a directory and back
-  (memory-mapped tensors and JSON, never a pickle), checked by :func:`read_manifest`;
-* :func:`load_buffer` / :func:`open_saved_buffer` (:class:`SavedBuffer`): read any
-  saved buffer (a run, a ``.ckpt``, a dump) into your buffer, or into a fresh one;
-* :class:`BufferCheckpointAdapter`: a buffer as a component of a
-  ``torchrl.checkpoint.Checkpoint``.
-
-How it works, layer by layer, is in docs/layout.md: the persistence layer
-(:mod:`rb_lightning.persist`), the saved-buffer reader
-(:mod:`rb_lightning.buffers.reader`) and the Lightning ``CheckpointIO``
-(:mod:`rb_lightning.lightning.checkpoint_io`). A missing or damaged buffer
-raises :class:`BufferCheckpointError` naming the path, never a silently empty
-buffer; a dump that would not fit the disk raises :class:`NotEnoughDiskSpaceError`
-before anything is written.
+A :class:`~rb_lightning.ReplayBufferDataModule` saves its buffer with every Lightning
+checkpoint by itself; these are the names for everything else:
+:func:`dump_buffer` / :func:`load_dump` (a directory of memory-mapped tensors and JSON,
+checked by :func:`read_manifest`), :func:`load_buffer` / :func:`open_saved_buffer` (any
+saved buffer: a run, a ``.ckpt``, a dump) and :class:`BufferCheckpointAdapter` (a
+component of a ``torchrl.checkpoint.Checkpoint``). A missing or damaged buffer raises
+:class:`BufferCheckpointError`; a dump that would not fit the disk raises
+:class:`NotEnoughDiskSpaceError` before anything is written. docs/layout.md has the layers.
 
 Examples:
     >>> import tempfile

@@ -1,21 +1,13 @@
 """What runs inside a buffer actor's process: it keeps no semaphore name in ``/dev/shm``.
 
-torchrl sets the *spawn* start method, under which every ``multiprocessing`` ``Value`` or
-``Lock`` is a named POSIX semaphore (``/dev/shm/sem.mp-<random>``): a torchrl storage and
-writer hold five. The name is removed when its process exits normally, or by the
-process's resource tracker when it was killed; a Ray actor is neither: ``ray.kill`` and
-the end of its owner's job end the worker without finalizers, and Ray kills its children,
-the tracker among them. Every buffer actor left five names in ``/dev/shm`` for good.
-
-An actor's process shares none of its semaphores with another process, so it needs no
-names: :func:`semaphore_names_released` gives the function that removes them (and makes
-the process's later semaphores unnamed from the start, as under *fork*). It is a nested
-function on purpose: Ray sends it by value, so the actor's process needs torchrl only.
+Under torchrl's *spawn* start method each ``multiprocessing`` ``Value`` or ``Lock`` is a
+named POSIX semaphore, removed at a normal exit or by the resource tracker; a Ray actor
+gets neither (``ray.kill`` skips finalizers and kills the tracker), so every buffer actor
+left five names behind. An actor shares no semaphore, so
+:func:`semaphore_names_released` removes the names. It is nested so that Ray sends it by
+value (the actor then needs torchrl only).
 
 Examples:
-    Nested, so that cloudpickle sends it by value (``tests/unit/test_actor_process.py``
-    runs it in a process of its own):
-
     >>> semaphore_names_released().__qualname__
     'semaphore_names_released.<locals>.release'
 """

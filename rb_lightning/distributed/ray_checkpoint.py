@@ -1,17 +1,9 @@
 """Checkpoints of a Ray buffer (``service_backend="ray"``): its actor writes and reads the dump.
 
-One actor serves every rank, so one process saves it: global rank 0 of the
-Lightning run has the actor write its content with torchrl's ``dumps`` beside
-the ``.ckpt`` (:func:`remote_buffer_state`, :class:`RemoteDumpRequest`,
-:func:`dump_remote_buffer`; the request also carries a ``ShardedRayReplayBuffer``'s
-dump of every shard), and on resume loads it back into the actor while
-every rank waits (:func:`restore_remote_buffer_state`, :func:`load_remote_buffer`).
-The manifest, the checks and the versions beside the ``.ckpt`` are
-:mod:`rb_lightning.checkpoint`'s; the actor calls are :mod:`rb_lightning.distributed.ray`'s.
-A dump written this way is also read into a buffer of this process by
-:func:`rb_lightning.checkpoint.load_buffer` (to export a Ray run's buffer).
-
-Importing this module does not import Ray; saving or restoring a Ray buffer does.
+One actor serves every rank, so global rank 0 has it write its content with torchrl's
+``dumps`` beside the ``.ckpt`` (:class:`RemoteDumpRequest`; for a ``ShardedRayReplayBuffer``
+every shard), and on resume loads it back while every rank waits. Importing this module
+does not import Ray.
 """
 
 from __future__ import annotations
@@ -66,11 +58,9 @@ def remote_build(replay_buffer: ReplayBuffer) -> dict[str, Any]:
 def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> dict[str, Any]:
     """Have a Ray buffer's actor write its content to the new directory ``path``; return the manifest.
 
-    The actor writes with torchrl's ``dumps`` (memmaps and JSON; the one pickle it
-    writes, an empty prefetch state, holds plain values only and is checked as
-    such), in one actor call, so a collector's writes land before or after it.
-    ``path`` must be reachable from the actor's process (same machine or a shared
-    filesystem). The manifest is written by this process afterwards.
+    One actor call with torchrl's ``dumps`` (its one pickle, an empty prefetch state, is
+    checked), so a collector's writes land before or after it; ``path`` must be reachable
+    from the actor. The manifest is written by this process.
     """
     from rb_lightning.distributed.ray import dump_in_actor
 
@@ -103,12 +93,7 @@ def dump_remote_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
 def load_remote_buffer(
     replay_buffer: ReplayBuffer, path: str | os.PathLike, *, verify: Verify = "full"
 ) -> None:
-    """Replace a Ray buffer's content, in its actor, with a :func:`dump_remote_buffer` directory.
-
-    Verified here first (manifest, no file that could run code, same build); the
-    actor then reads it with torchrl's ``loads``, so ``path`` must be reachable from
-    the actor's process.
-    """
+    """Replace a Ray buffer's content, in its actor, with a :func:`dump_remote_buffer` directory (verified here first; ``path`` reachable from the actor)."""
     from rb_lightning.distributed.ray import load_in_actor
 
     root = Path(path).absolute()
@@ -129,14 +114,10 @@ def load_remote_buffer(
 
 
 class RemoteDumpRequest(BufferDumpRequest):
-    """A buffer served by Ray actors, dumped by them beside the ``.ckpt`` when ``BufferCheckpointIO`` saves.
+    """A buffer served by Ray actors, dumped by them beside the ``.ckpt`` when ``BufferCheckpointIO`` saves (on global rank 0 only: once per checkpoint).
 
-    Lightning runs ``CheckpointIO.save_checkpoint`` on global rank 0 only, so the
-    shared buffer is written once per checkpoint, whatever the number of ranks.
-    The one request of every actor-served buffer: ``dump`` writes a new version
-    directory and returns its manifest (default: :func:`dump_remote_buffer`, one
-    actor); ``kind`` is the record's kind, which tells on resume which kind of
-    actor dump it is (``"actor"``; a ``ShardedRayReplayBuffer``'s ``"shards"``);
+    ``dump`` writes a new version directory and returns its manifest (default:
+    :func:`dump_remote_buffer`); ``kind`` is the record's kind (``"actor"``, ``"shards"``);
     ``what`` names the buffer in the error raised when the request is pickled.
 
     Examples:
@@ -179,15 +160,7 @@ class RemoteDumpRequest(BufferDumpRequest):
 def remote_buffer_state(
     replay_buffer: ReplayBuffer, trainer: Any, request: RemoteDumpRequest | None = None
 ) -> dict[str, Any] | BufferDumpRequest:
-    """What a DataModule stores for a Ray buffer: its owner (global rank 0) dumps it.
-
-    One actor serves every rank, so exactly one process writes it: global rank 0
-    of the Lightning run (whichever process created the actor). Its request
-    (``request``, default ``RemoteDumpRequest(replay_buffer)``) is carried out by
-    :class:`~rb_lightning.checkpoint.BufferCheckpointIO`, which Lightning calls on
-    rank 0 only; other ranks return a placeholder (kind ``"elsewhere"``; their
-    checkpoint dict is not saved).
-    """
+    """What a DataModule stores for a Ray buffer: global rank 0 has it dumped (``request``, default ``RemoteDumpRequest``); other ranks store an ``"elsewhere"`` placeholder."""
     if trainer is not None and trainer.global_rank != 0:
         return BufferRecord(kind="elsewhere").to_dict()
     install_checkpoint_io(trainer)
@@ -202,13 +175,7 @@ def restore_remote_buffer_state(
     *,
     verify: Verify = "full",
 ) -> None:
-    """Restore a Ray buffer from its checkpoint: rank 0 loads it into the actor, all ranks wait.
-
-    Call on every rank (it is collective under DDP): no rank samples the shared
-    buffer before it holds the checkpoint's content, and an error on rank 0
-    stops every rank. The placeholder of a rank other than 0 (kind
-    ``"elsewhere"``) restores nothing.
-    """
+    """Restore a Ray buffer: rank 0 loads it into the actor, every rank waits (collective under DDP; an error on rank 0 stops all)."""
 
     def load() -> None:
         if record.kind != "actor":
@@ -221,12 +188,7 @@ def restore_remote_buffer_state(
 def restore_on_rank_zero(
     record: BufferRecord, trainer: Any, load: Callable[[], None], *, what: str
 ) -> None:
-    """Rank 0 runs ``load`` (unless ``record`` is another rank's placeholder); all ranks agree.
-
-    Collective under DDP: every rank reaches the same decision, so an error on rank 0
-    stops every rank instead of leaving the others waiting or training on the wrong
-    content of a buffer they share.
-    """
+    """Rank 0 runs ``load`` (unless ``record`` is a placeholder) and every rank reaches the same decision, so an error stops them all."""
     rank = trainer.global_rank if trainer is not None else 0
     world_size = trainer.world_size if trainer is not None else 1
     error: BaseException | None = None

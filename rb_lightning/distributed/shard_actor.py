@@ -27,9 +27,8 @@ __all__ = ["shard_actor_class"]
 def shard_actor_class() -> Any:
     """The class each Ray actor of a ``ShardedRayReplayBuffer`` runs: one torchrl ``ReplayBuffer``.
 
-    Defined inside this function on purpose: Ray sends it by value once per actor, so
-    a shard's process needs torchrl only. Each method is one actor call, atomic with
-    respect to the shard's writes.
+    Defined inside this function so Ray sends it by value (a shard needs torchrl only); each
+    method is one actor call, atomic with respect to the shard's writes.
     """
     from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, RoundRobinWriter
 

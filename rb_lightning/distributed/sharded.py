@@ -1,35 +1,15 @@
 """A replay buffer split over several Ray actors, sampled as one (needs the ``ray`` extra).
 
-One buffer actor has one sampler thread: every rank's batch waits for it, one
-round trip at a time. :class:`ShardedRayReplayBuffer` puts ``num_shards``
-Ray actors, each holding a torchrl ``ReplayBuffer``, behind one object usable wherever a
-``ReplayBuffer`` is expected (:class:`~rb_lightning.ReplayBufferDataModule`, a
-collector, a YAML config as ``rb_lightning.distributed.ShardedRayReplayBuffer``):
-
-* writes go to one shard per ``extend`` call, round robin (or ``shard=rank``);
-* a batch of ``B`` draws ``B`` items from the shards in proportion to what each
-  holds (uniform) or to each one's priority mass (prioritized), so an item is
-  drawn as often as from one buffer holding everything; importance weights are
-  computed against the smallest priority of all shards, as one buffer would;
-* ``in_flight=k`` batches come per round trip, and the next ``k`` are on their way
-  while the step trains on these;
-* a priority update goes to the shard that holds the item and is dropped for a
-  slot written again since it was sampled (the slot's ``index_generation``, as
-  torchrl's ``update_if_present`` does);
-* ``len``, ``write_count`` are totals over the shards; :meth:`dumps` saves every
-  shard and :meth:`loads` brings them back onto any number of shards.
-
-One unit, in this module: the buffer, the DataModule's handle on it
-(:class:`ShardedBuffer`) and its checkpoints beside the ``.ckpt``
-(:func:`sharded_state`, :func:`restore_sharded_state`); the class its actors run is
-:mod:`~rb_lightning.distributed.shard_actor` (Ray sends that one by value).
-``import rb_lightning`` does not import this module.
+:class:`ShardedRayReplayBuffer` puts ``num_shards`` actors, each holding a torchrl
+``ReplayBuffer``, behind one object usable wherever a ``ReplayBuffer`` is expected. Writes
+go to one shard per ``extend``; a batch draws from the shards in proportion to their size
+(uniform) or priority mass (prioritized), with importance weights against the smallest
+priority of all shards; ``in_flight=k`` batches come per round trip; a priority update
+for a slot written again since its draw is dropped. This module also holds the
+DataModule's handle (:class:`ShardedBuffer`) and its checkpoints beside the ``.ckpt``;
+the actors run :mod:`~rb_lightning.distributed.shard_actor`.
 
 Example::
-
-    import torch
-    from tensordict import TensorDict
-    from rb_lightning.distributed import ShardedRayReplayBuffer
 
     rb = ShardedRayReplayBuffer(1_000, num_shards=2, prioritized=True,
                                 ray_init_config={"num_cpus": 2})
@@ -83,8 +63,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
     """``num_shards`` Ray buffer actors behind one ``ReplayBuffer``.
 
     Args:
-        capacity: Items the whole buffer holds; each shard holds
-            ``ceil(capacity / num_shards)``.
+        capacity: Items the whole buffer holds; each shard ``ceil(capacity / num_shards)``.
 
     Keyword Args:
         num_shards: Buffer actors.
@@ -92,17 +71,13 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         alpha: The prioritized sampler's exponent of the priorities.
         beta: The prioritized sampler's importance-weight exponent.
         eps: Added to every priority (as torchrl's ``PrioritizedSampler``).
-        in_flight: Batches drawn per round trip and requested ahead (1: each batch waits for
-            its round trip). See docs/scaling.md for the measured choice of 16.
-        seed: Seeds how each batch is split over the shards and each shard's
-            sampler (shard ``i`` from ``seed * 1000 + i``).
-        name: Names the shard actors (``name.0``, ``name.1``, ... in Ray namespace
-            ``rb_lightning``): every process that builds the buffer with the same
-            name and settings (each DDP rank, each collector) binds the same actors
-            instead of starting its own.
+        in_flight: Batches drawn per round trip and requested ahead (docs/scaling.md).
+        seed: Seeds the split of each batch over the shards and shard ``i``'s sampler
+            (``seed * 1000 + i``).
+        name: Names the actors (``name.0``, ... in Ray namespace ``rb_lightning``): every
+            process building the buffer with the same name binds the same actors.
         ray_init_config: ``ray.init`` arguments when Ray is not initialised yet.
-        actor_options: ``ray.remote`` options of every shard actor (``resources``
-            to place them on a node, ``num_cpus``); default ``{"num_cpus": 0}``.
+        actor_options: ``ray.remote`` options of every shard actor; default ``{"num_cpus": 0}``.
 
     Examples:
         >>> ShardedRayReplayBuffer(10, num_shards=0)
@@ -256,13 +231,10 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         self._ready.clear()
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
-        """A batch of ``batch_size`` items with ``index`` (global), ``index_generation`` and,
-        when prioritized, ``priority_weight`` columns.
+        """A batch with ``index`` (global), ``index_generation`` and, when prioritized, ``priority_weight``.
 
-        With ``in_flight=k > 1`` the batches come ``k`` per round trip, and the next
-        ``k`` are requested as soon as the first of them is handed out: a batch may
-        be drawn up to ``2k - 1`` batches before it is returned (priority updates
-        made in between do not change it).
+        With ``in_flight=k > 1`` batches come ``k`` per round trip and the next ``k`` are requested
+        at once, so a batch may be drawn up to ``2k - 1`` batches before it is returned.
         """
         import ray
 
@@ -319,12 +291,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any, *, generation: Any = None) -> None:
-        """New priorities for items by global ``index``, each sent to its shard.
-
-        With ``generation`` (the batch's ``index_generation``), an item whose slot
-        was written again since it was sampled keeps its new item's priority
-        (counted in :attr:`dropped_updates`).
-        """
+        """New priorities by global ``index``, each sent to its shard; with ``generation``, a slot written since its draw keeps its priority (counted in :attr:`dropped_updates`)."""
         import ray
 
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
@@ -388,12 +355,7 @@ class ShardedRayReplayBuffer(ReplayBuffer):
         (root / _META).write_text(json.dumps(meta))
 
     def loads(self, path: str | os.PathLike[str]) -> None:
-        """Replace the content with a :meth:`dumps` of any number of shards.
-
-        The same shard layout loads each shard as saved (exact); another one
-        reads every saved item with its priority and spreads them evenly over
-        this buffer's shards: none lost, none twice.
-        """
+        """Replace the content with a :meth:`dumps` of any number of shards (another layout spreads every item evenly: none lost, none twice)."""
         import ray
 
         root = Path(path)
@@ -499,19 +461,10 @@ class ShardedRayReplayBuffer(ReplayBuffer):
 
 
 class ShardedBuffer(RemoteBuffer):
-    """The DataModule's handle on a :class:`ShardedRayReplayBuffer`: several actors as one buffer.
+    """The DataModule's handle on a :class:`ShardedRayReplayBuffer`: served like one Ray buffer.
 
-    Served like one Ray buffer (no re-seeding per rank, no DataLoader workers,
-    checkpointed once by global rank 0) with two differences: a priority update
-    carries the batch's ``index_generation``, so an item whose slot was written again
-    since it was sampled keeps its new item's priority; and the checkpoint holds
-    every shard (:meth:`ShardedRayReplayBuffer.dumps`).
-
-    Example (not run: needs Ray)::
-
-        from rb_lightning.buffers.handles import resolve_buffer
-        handle = resolve_buffer(ShardedRayReplayBuffer(1_000, num_shards=2))
-        type(handle).__name__    # 'ShardedBuffer'
+    Two differences: a priority update carries the batch's ``index_generation``, and the
+    checkpoint holds every shard (:meth:`ShardedRayReplayBuffer.dumps`).
     """
 
     replay_buffer: ShardedRayReplayBuffer

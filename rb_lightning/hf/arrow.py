@@ -118,13 +118,10 @@ def empty_buffer_error() -> ValueError:
 
 
 def infer_features(replay_buffer: ReplayBuffer, keys: Sequence[NestedKey] | None = None) -> Any:
-    """The ``datasets.Features`` an export of ``replay_buffer`` will have.
+    """The ``datasets.Features`` an export of ``replay_buffer`` will have, read from the first stored items.
 
-    Read from the first stored items (the sampler is not used). Tensor
-    storages have fixed shapes, so ``[B, L]`` tensors become ``List(...,
-    length=L)``; list storages may hold ragged items, so their lists have no
-    fixed length. Strings become ``Value("string")``. Without ``keys``: every
-    stored key but torchrl's bookkeeping (:data:`BOOKKEEPING_KEYS`).
+    Tensor storages give fixed-length lists (``List(..., length=L)``), list storages ragged
+    ones, strings ``Value("string")``. Without ``keys``: every key but :data:`BOOKKEEPING_KEYS`.
 
     Examples:
         >>> import torch

@@ -1,15 +1,11 @@
 """``rb-lightning-export-hf``: the replay buffer of a Lightning run (or any saved buffer) to a ``datasets`` folder.
 
-The command behind the console script. From a run to a TRL trainer::
-
-    python train.py fit --config configs/llm_sft.yaml
     rb-lightning-export-hf runs/llm_sft/version_0 sft_data --keys prompt completion
     # in the TRL script: train_dataset = datasets.load_from_disk("sft_data")
 
-What it reads is :meth:`rb_lightning.buffers.reader.SavedBuffer.read`'s job; the
-export is :func:`rb_lightning.hf.to_hf_dataset` (``streaming=False``). Both are
-imported only once a buffer is read, so ``--help`` answers without loading
-torch or ``datasets``.
+Reads through :meth:`rb_lightning.buffers.reader.SavedBuffer.read` and exports with
+:func:`rb_lightning.hf.to_hf_dataset` (``streaming=False``), both imported only once a
+buffer is read, so ``--help`` answers without loading torch.
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """GRPO rollouts into a torchrl replay buffer, saved with TRL's checkpoints.
 
-:class:`RolloutRecorder` is a ``transformers.TrainerCallback`` that, attached to
-a ``trl.GRPOTrainer``, writes every generation's prompts, completions, rewards
-and advantages into a torchrl ``ReplayBuffer`` during ``.train()``. The buffer
-is dumped into each checkpoint folder (``checkpoint-N/rb_lightning_rollouts``,
-memory-mapped tensors and JSON, no pickle, by
-:func:`rb_lightning.checkpoint.dump_buffer`) and loaded back when training
-resumes from that checkpoint, so every rollout up to the checkpoint is in the
-buffer exactly once and the ones after it are generated again. Replay the
-buffer in Lightning (``ReplayBufferDataModule``) or export it again
-(:func:`rb_lightning.hf.to_hf_dataset`).
+:class:`RolloutRecorder`, a ``transformers.TrainerCallback`` attached to a
+``trl.GRPOTrainer``, writes every generation into a ``ReplayBuffer`` during ``.train()``,
+dumps it into each checkpoint folder (``checkpoint-N/rb_lightning_rollouts``) and loads it
+back on resume, so every rollout up to the checkpoint is in the buffer exactly once. Every
+process records the whole global batch (TRL gathers it); process 0 writes the dump.
 
-One row per completion:
-
-============== ======================================================================
-key            value
-============== ======================================================================
-``prompt``     the prompt (str; a conversation is stored as its JSON text)
-``completion`` the completion (str, likewise)
-``reward``     the weighted sum of the reward functions (float32), as TRL computes it
-``rewards.X``  reward function ``X``'s own value (float32; NaN where it returned None)
-``advantage``  the advantage TRL trained with (float32)
-``step``       the optimizer step that trained on it (1-based, int64)
-``generation`` the generation it belongs to, counted over the whole run (int64)
-``group``      its group (one prompt, ``num_generations`` completions; run-wide id)
-``index``      its position in the generation's global batch (int64)
-============== ======================================================================
-
-Every process records the whole global batch (TRL gathers it on every
-process), so each process holds the same buffer; process 0 writes the dump.
-
-This module imports ``transformers``; ``import rb_lightning`` does not import
-it.
+One row per completion: ``prompt``, ``completion`` (str; a conversation as its JSON text),
+``reward`` (TRL's weighted sum), ``rewards.X`` (function ``X``'s value, NaN for None),
+``advantage``, ``step`` (1-based optimizer step), ``generation``, ``group`` (run-wide ids)
+and ``index`` (position in the generation's global batch).
 
 Examples:
     >>> from rb_lightning.hf.trl_rollouts import RolloutRecorder
@@ -44,7 +22,6 @@ Examples:
         trainer = trl.GRPOTrainer(...)
         recorder = RolloutRecorder().attach(trainer)
         trainer.train()  # or .train(resume_from_checkpoint=True)
-        recorder.replay_buffer  # every rollout, once
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Lightning's ``CheckpointIO`` for replay buffers: dumps beside the ``.ckpt``, written and removed with it.
 
-:class:`BufferCheckpointIO` wraps the Trainer's ``CheckpointIO``: before a
-``.ckpt`` is written it carries out the :class:`~rb_lightning.checkpoint.BufferDumpRequest`
-objects in the checkpoint dict (each writes its dump to ``<ckpt>.buffer/<version>/``
-and leaves a reference), writes the ``.ckpt`` beside its final place and renames
-it there, and only then deletes older buffer versions. :func:`install_checkpoint_io`
-puts it on a Trainer's strategy, once.
-
-``BufferCheckpointIO(incremental=True)`` saves a tensor buffer in chunks instead
-(:mod:`~rb_lightning.persist.chunks`): each save writes the rows written since the
-previous one; the training thread copies them and goes on, and a writer thread
-(:mod:`~rb_lightning.persist.background_save`) writes, checksums and syncs them, then
-the ``.ckpt``. Chunks no kept checkpoint lists are deleted after each save and rotation.
+:class:`BufferCheckpointIO` wraps the Trainer's ``CheckpointIO``: it writes the dumps a
+checkpoint requests to ``<ckpt>.buffer/<version>/``, writes the ``.ckpt`` and renames it
+into place, and only then deletes older buffer versions. With ``incremental=True`` a tensor
+buffer is saved in chunks (:mod:`~rb_lightning.persist.chunks`) by a writer thread while
+training goes on. :func:`install_checkpoint_io` puts it on a Trainer's strategy, once.
 
 Examples:
     >>> from lightning.pytorch import Trainer
@@ -20,9 +13,6 @@ Examples:
     >>> install_checkpoint_io(trainer)  # idempotent
     >>> type(trainer.strategy.checkpoint_io).__name__
     'BufferCheckpointIO'
-    >>> chunked = BufferCheckpointIO(incremental=True)  # Trainer(plugins=[chunked])
-    >>> chunked.incremental
-    True
 """
 
 from __future__ import annotations
@@ -75,11 +65,8 @@ _SAVE_KEY = "rb_lightning_save"
 class _SaveLedger:
     """Saves handed to the ``.ckpt`` writer, and what each makes obsolete once it is written.
 
-    Saves are numbered in the order :class:`BufferCheckpointIO` hands them on; the
-    writer (this thread, or ``AsyncCheckpointIO``'s one worker thread) writes them
-    in that order and calls :meth:`finish` after each. Older buffer versions and
-    checkpoints Lightning asked to remove are deleted only then, so until a new
-    ``.ckpt`` is on disk the previous one keeps its buffer.
+    The writer (this thread or ``AsyncCheckpointIO``'s) writes saves in order and calls
+    :meth:`finish` after each; only then are older versions deleted.
     """
 
     def __init__(self) -> None:
@@ -113,11 +100,7 @@ class _SaveLedger:
             return True
 
     def finish(self, number: int | None, *, written: bool) -> None:
-        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals.
-
-        A save that failed deletes nothing, and the removals that waited for it are
-        dropped: the checkpoint Lightning meant to replace stays complete.
-        """
+        """Save ``number`` ended: delete what it made obsolete (if ``written``), run due removals (a failed save deletes nothing)."""
         with self._lock:
             if number is None:  # a checkpoint that did not come through BufferCheckpointIO
                 return
@@ -139,11 +122,7 @@ class _SaveLedger:
 
 
 class _CommitAfterWrite(CheckpointIO):
-    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger.
-
-    Sits below ``AsyncCheckpointIO`` (so it runs in its thread, after the write) or
-    directly below :class:`BufferCheckpointIO` (same thread).
-    """
+    """Writes the ``.ckpt`` with ``checkpoint_io``, then finishes the save in the ledger (in ``AsyncCheckpointIO``'s thread, or this one)."""
 
     def __init__(self, checkpoint_io: CheckpointIO, ledger: _SaveLedger) -> None:
         self.checkpoint_io, self.ledger = checkpoint_io, ledger
@@ -178,13 +157,9 @@ def _write_in_place(
 ) -> None:
     """Write a local ``.ckpt`` beside its final place, ``fsync`` it, rename it over ``path``.
 
-    ``checkpoint_io`` writes to ``<dir>/.rb_lightning-partial-<id>/<name>`` (the same
-    file name, on the same filesystem); one ``os.replace`` then puts it in place and
-    the directory is synced. Lightning's own writer stages in the system temporary
-    directory and moves the file: across filesystems (a tmpfs ``/tmp``) the move is a
-    copy, and a process killed during it leaves a truncated ``.ckpt``. Older buffer
-    versions are deleted after this returns, so the new ``.ckpt`` is on disk first.
-    Remote paths (``s3://...``) are written by ``checkpoint_io`` as they are.
+    Lightning stages in the system temporary directory, and a move across filesystems is a
+    copy a kill can truncate; here one ``os.replace`` on the same filesystem. Remote paths
+    are written by ``checkpoint_io`` as they are.
     """
     if "://" in str(path) and not str(path).startswith("file://"):
         checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -211,36 +186,23 @@ def _write_in_place(
 class BufferCheckpointIO(CheckpointIO):
     """A ``CheckpointIO`` that writes large replay buffers beside the checkpoint file.
 
-    It wraps another ``CheckpointIO`` (default: Lightning's ``TorchCheckpointIO``)
-    and adds, for each :class:`BufferDumpRequest` in the checkpoint dict:
-    dump to ``<ckpt>.buffer/<version>.tmp``, rename to ``<version>``, then save
-    the ``.ckpt``, then delete older versions. ``remove_checkpoint`` also
-    removes ``<ckpt>.buffer``.
+    It wraps another ``CheckpointIO`` (default: ``TorchCheckpointIO``): for each
+    :class:`BufferDumpRequest` in the checkpoint it dumps to ``<ckpt>.buffer/<version>``, saves
+    the ``.ckpt``, then deletes older versions; ``remove_checkpoint`` removes the buffer too.
+    With ``AsyncCheckpointIO`` the buffer is still dumped in the training thread; the newest
+    complete ``.ckpt`` always has its buffer on disk. A weights-only save keeps no buffer
+    (:data:`WEIGHTS_ONLY_STATE`).
 
-    With Lightning's ``AsyncCheckpointIO`` (``Trainer(plugins=[AsyncCheckpointIO()])``)
-    the buffer is still dumped in the training thread (a snapshot of the step being
-    saved) and only the ``.ckpt`` is written in the background; older buffer
-    versions, and checkpoints Lightning removes (``save_top_k``), are deleted in
-    that thread after the new ``.ckpt`` is written. At every moment the newest
-    complete ``.ckpt`` has its buffer on disk.
+    ``incremental=True`` saves a tensor buffer in chunks shared by the directory's
+    checkpoints (only the rows written since the previous save); with ``background=True``
+    the training thread only copies them and a writer thread writes chunks, manifest and
+    ``.ckpt`` (the next save, a load or the end of ``fit`` waits for it and raises its error).
+    Chunks no kept checkpoint lists are deleted. The DataModule installs it when needed; pass
+    it as ``Trainer(plugins=[...])`` to wrap a custom ``CheckpointIO``.
 
-    A weights-only save (``ModelCheckpoint(save_weights_only=True)``) keeps no buffer:
-    the DataModule's state becomes :data:`WEIGHTS_ONLY_STATE`, nothing is written beside.
-
-    ``incremental=True``: a tensor buffer (:func:`~rb_lightning.persist.chunks.chunked_save_supported`)
-    is saved in chunks shared by the checkpoints of the directory (``<dir>/buffer-chunks/``):
-    a save writes the rows written since the previous save, its sampler, writer and
-    generator state and a manifest listing the chunks that make up the buffer. With
-    ``background=True`` (the default) the training thread only copies the changed rows,
-    the small state and the checkpoint's tensors, and a writer thread writes the chunks,
-    the manifest and then the ``.ckpt``; the next save (or a load, or the end of
-    ``fit``) waits for it first, and its error, if any, is raised there. Chunks that no
-    kept checkpoint (and no live buffer's last save) lists are deleted after each save
-    and each checkpoint Lightning removes. Other buffers are saved as without it.
-
-    :class:`~rb_lightning.ReplayBufferDataModule` installs it on its Trainer's
-    strategy when needed; pass it explicitly as ``Trainer(plugins=[...])`` to
-    wrap a custom ``CheckpointIO``.
+    Examples:
+        >>> BufferCheckpointIO(incremental=True).incremental  # Trainer(plugins=[...])
+        True
     """
 
     def __init__(
@@ -411,11 +373,7 @@ def _cloned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _collect_chunks(checkpoint_dir: Path) -> None:
-    """Delete the chunks of ``checkpoint_dir`` that no kept checkpoint's buffer lists.
-
-    A ``<name>.buffer`` directory whose ``<name>`` checkpoint is gone is not kept: it is
-    what a removal (or a save that died before its ``.ckpt``) left.
-    """
+    """Delete the chunks of ``checkpoint_dir`` that no kept checkpoint's buffer lists (a ``.buffer`` without its ``.ckpt`` is not kept)."""
     store = checkpoint_dir / CHUNKS_DIR
     if not store.is_dir():
         return
@@ -441,12 +399,7 @@ def _weights_only(weights_only: bool | None) -> dict[str, bool]:
 
 
 def install_checkpoint_io(trainer: Any) -> None:
-    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once.
-
-    Idempotent: a call on a Trainer that has it already changes nothing, so it can
-    be called wherever the Trainer is first known (the DataModule's ``setup``).
-    ``trainer=None`` (a DataModule used without a Trainer) does nothing.
-    """
+    """Wrap ``trainer.strategy.checkpoint_io`` in :class:`BufferCheckpointIO`, once (idempotent; ``trainer=None`` does nothing)."""
     strategy = getattr(trainer, "strategy", None)
     if strategy is None or isinstance(strategy.checkpoint_io, BufferCheckpointIO):
         return

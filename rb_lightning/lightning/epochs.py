@@ -48,11 +48,7 @@ def epoch_length(
 
 
 def has_time_limit(trainer: Any) -> bool:
-    """Whether ``Trainer(max_time=...)`` (Lightning's ``Timer``) stops the run mid-epoch.
-
-    Only a timer checked after every step does (``max_time`` makes one); one checked
-    at epoch ends (``Timer(interval="epoch")``) would wait for an end that never comes.
-    """
+    """Whether ``Trainer(max_time=...)`` stops the run mid-epoch (a timer checked after every step; an epoch-end one would wait forever)."""
     return any(
         isinstance(callback, Timer)
         and callback.time_remaining() is not None

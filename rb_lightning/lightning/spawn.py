@@ -1,16 +1,8 @@
 """Spawned DDP ranks (``strategy="ddp_spawn"``) each get a copy of a prioritized sampler.
 
-``Trainer(strategy="ddp_spawn")`` pickles the DataModule into every rank it
-starts. torchrl's ``PrioritizedSampler`` refuses to be pickled into a new process
-(its sum tree is not shared memory, so a writer process and a learner would
-diverge) and points at ``TensorDictPrioritizedReplayBuffer(sync=False)``, advice
-for collectors, not for DDP. Under ``strategy="ddp"`` every rank builds its own
-buffer; a spawned rank should get the same: its own copy, priorities included,
-that its own updates change.
-
-:func:`copy_into_spawned_processes` marks the samplers of the buffers a
-``ReplayBufferDataModule`` serves; those, and only those, are pickled by value
-when a process is spawned. Any other ``PrioritizedSampler`` keeps torchrl's refusal.
+torchrl's ``PrioritizedSampler`` refuses to be pickled into a new process, but a spawned
+rank should get what a ``ddp`` rank builds: its own copy. :func:`copy_into_spawned_processes`
+marks the samplers a ``ReplayBufferDataModule`` serves; only those are pickled by value.
 
 Examples:
     >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer

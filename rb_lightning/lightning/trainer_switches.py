@@ -68,12 +68,7 @@ def check_stage_has_data(stage: Any, defined_loaders: set[str]) -> None:
 
 
 def model_moves_batches(trainer: Any, *, prefetch_to_device: Any) -> bool:
-    """Whether the Trainer's LightningModule overrides ``transfer_batch_to_device``.
-
-    Lightning calls the DataModule's hook when both define one; a model that
-    overrides it (to move some keys, to cast) means it, so the DataModule steps aside.
-    Its ``prefetch_to_device`` would copy batches the model then moves again: refused.
-    """
+    """Whether the LightningModule overrides ``transfer_batch_to_device``: the DataModule then steps aside (and refuses ``prefetch_to_device``)."""
     model = trainer.lightning_module if trainer is not None else None
     if model is None or not is_overridden("transfer_batch_to_device", model):
         return False
@@ -150,12 +145,7 @@ class RepeatedBatches:
         self.batches: list[Any] = []
 
     def loader(self, count: int, length: int | None = None) -> DataLoader:
-        """A loader of the ``count`` batches drawn first (drawn now if not yet).
-
-        ``length``: the loader's length, when Lightning takes a fraction of it
-        (``overfit_batches=0.1``); the batches then repeat to fill it, and Lightning
-        takes the first ``count``.
-        """
+        """A loader of the ``count`` batches drawn first (drawn now if not yet), repeated to ``length`` when Lightning takes a fraction of it."""
         if len(self.batches) != count:
             self.batches = list(self.sample(count))
         batches = self.batches * math.ceil((length or count) / count)
@@ -163,13 +153,7 @@ class RepeatedBatches:
 
 
 def model_dataloader(trainer: Any, hook: str, argument: str) -> Any:
-    """The LightningModule's own ``hook()`` loader (``val_dataloader``, ``test_dataloader``).
-
-    Lightning reads every loader from an attached DataModule, so a DataModule
-    with ``eval_from_model=True`` hands over the model's own (e.g. the greedy
-    evaluation episodes of :class:`rb_lightning.rl.DQN`). ``argument`` is the
-    DataModule buffer that would otherwise feed it, named in the error.
-    """
+    """The LightningModule's own ``hook()`` loader (``eval_from_model=True``); ``argument`` is the DataModule buffer named in the error."""
     module = trainer.lightning_module if trainer is not None else None
     if module is None or not is_overridden(hook, module):
         raise UsageError(

@@ -168,12 +168,7 @@ class TrainingStream:
     def load_state_dict(
         self, state: dict[str, Any], buffer: BufferHandle, trainer: Any, *, verify: Verify
     ) -> None:
-        """Restore :meth:`state_dict`; the restored read-ahead batches are handed out first.
-
-        Saved by another number of processes, the buffer's items are dealt out anew
-        and this rank samples with a seed of the saved stream, its rank and the new
-        world size (decided once: :func:`~rb_lightning.persist.elastic.plan_redistribution`).
-        """
+        """Restore :meth:`state_dict`; the read-ahead batches are handed out first (saved on another number of processes: the items are dealt anew, :func:`~rb_lightning.persist.elastic.plan_redistribution`)."""
         self.state.load_state_dict(state["stream"])
         if self.rate_limiter is not None and "rate_limiter" in state:
             self.rate_limiter.load_state_dict(state["rate_limiter"])

@@ -1,37 +1,19 @@
 """``AsyncGRPOModule``: GRPO whose groups are generated in a worker process beside training.
 
-The synchronous :class:`~rb_lightning.llm.grpo.GRPOModule` generates, then trains, on one
-thread. Here a :class:`~rb_lightning.llm.generation_worker.GenerationWorker` process
-generates batch ``i + 1`` (and up to ``max_staleness`` batches ahead) while the trainer
-trains step ``i``:
-
-* **bounded staleness**: batch ``i`` is trained at step ``i`` and generated with weights
-  of version ``>= i - max_staleness`` (the worker waits for newer weights otherwise),
-  where ``max_staleness`` is the ``GroupSampler``'s. The sampler (``order: oldest``) also
-  refuses anything older at the draw; what it passes over is counted
-  (``async/groups_dropped``);
-* **weights** are pushed to the worker after every ``weight_sync_every``-th optimizer step
-  (``weight_sync_every <= max_staleness + 1``, or the worker could wait forever);
-* **the rate limit** is the bound itself: generation runs at most ``max_staleness``
-  batches ahead of training, and the trainer waits for the batch it needs
-  (``async/trainer_wait_s``); the worker's waits for new enough weights are
-  ``async/generation_wait_s``;
-* **off-policy correction**: ``off_policy_correction="auto"`` is ``"decoupled"``
-  (:class:`~rb_lightning.llm.grpo.GRPOModule`) whenever ``max_staleness > 0``.
-
-Every group keeps its ``behaviour_log_probs`` and the ``policy_version`` of the weights
-that generated it. Groups received and not trained yet are in the buffer, and so in
-every checkpoint; the batches being generated or in the pipe when a run stops are
-dropped, and a resumed run generates them again (same prompts, newer weights).
-
-Runs are not bit-exact (when a batch is generated depends on the two processes'
-timing, so which weights generate it does too); ``configs/llm_grpo.yaml`` stays the
+A :class:`~rb_lightning.llm.generation_worker.GenerationWorker` generates batch ``i + 1``
+(up to ``max_staleness`` ahead) while the trainer trains step ``i``. Batch ``i`` is made
+with weights of version ``>= i - max_staleness``, and the ``GroupSampler`` refuses anything
+older (counted in ``async/groups_dropped``); weights are pushed every ``weight_sync_every``
+optimizer steps (at most ``max_staleness + 1``, or the worker could wait forever);
+``off_policy_correction="auto"`` is ``"decoupled"`` whenever ``max_staleness > 0``. Groups
+received are in the buffer and so in every checkpoint; those in flight when a run stops
+are generated again on resume. Runs are not bit-exact; ``configs/llm_grpo.yaml`` is the
 exact, synchronous one.
 
 Examples:
     From the command line (docs/llm.md)::
 
-        python train.py fit --config configs/llm_grpo_async.yaml \\
+        python train.py fit --config configs/llm_grpo_async.yaml \
             --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
 """
 
@@ -73,19 +55,17 @@ class _StopsTheWorker(Callback):
 class AsyncGRPOModule(GRPOModule):
     """GRPO with generation in a worker process, at most ``max_staleness`` versions behind.
 
-    Takes every argument of :class:`~rb_lightning.llm.grpo.GRPOModule` (``beta`` must be 0:
-    the worker computes no reference log-probs), and:
+    Takes every argument of :class:`~rb_lightning.llm.grpo.GRPOModule` (``beta`` must be 0),
+    and:
 
     Keyword Args:
         off_policy_correction: ``"auto"`` (default): ``"decoupled"`` when the sampler's
-            ``max_staleness > 0``, ``"none"`` at 0 (then every group is on-policy).
-        weight_sync_every: Push the weights to the worker after every this many optimizer
-            steps (``1 <= weight_sync_every <= max_staleness + 1``).
-        start_method: How the worker starts (``"spawn"``: a fresh interpreter, some 6 s of
-            imports on a 2-core machine before the first batch; ``"fork"``, as
-            ``configs/llm_grpo_async.yaml`` sets: a copy of the trainer, at once, CPU only).
-        worker_timeout: Seconds the trainer waits for one batch before giving up (the
-            first includes the worker's start).
+            ``max_staleness > 0``, else ``"none"``.
+        weight_sync_every: Push the weights to the worker every this many optimizer steps
+            (``1 <= weight_sync_every <= max_staleness + 1``).
+        start_method: How the worker starts: ``"spawn"`` (~6 s of imports on 2 cores) or
+            ``"fork"`` (``configs/llm_grpo_async.yaml``: at once, CPU only).
+        worker_timeout: Seconds the trainer waits for one batch (the first includes the start).
     """
 
     def __init__(

@@ -1,21 +1,14 @@
 """A synthetic arithmetic task for language-model training, fully offline.
 
-Prompts look like ``"12+7="`` and completions like ``"19"``. The task is small
-enough for a tiny model to learn on CPU and checkable by a Python reward, so the
-same data feeds a Lightning LLM config, ``trl.SFTTrainer`` / ``DPOTrainer`` and
-``trl.GRPOTrainer`` (through :func:`arithmetic_reward`).
-
-:func:`make_tokenizer` builds a character-level tokenizer locally (no
-download); :func:`fill_arithmetic_buffer` writes tokenized items to a torchrl
-replay buffer. ``transformers`` / ``tokenizers`` are imported only by
-:func:`make_tokenizer`.
+Prompts look like ``"12+7="`` and completions like ``"19"``: small enough for a tiny model on
+CPU and checkable by :func:`arithmetic_reward`, so the same data feeds Lightning and TRL.
+:func:`make_tokenizer` builds a character-level tokenizer locally (the only function that
+imports ``transformers``).
 
 Examples:
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.llm.data import fill_arithmetic_buffer, make_tokenizer
-    >>> tokenizer = make_tokenizer()
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
-    >>> fill_arithmetic_buffer(rb, 8, tokenizer, seed=0)
+    >>> fill_arithmetic_buffer(rb, 8, make_tokenizer(), seed=0)
     8
     >>> item = rb[0]
     >>> item["prompt"], item["completion"], item["input_ids"].shape
@@ -92,13 +85,7 @@ def arithmetic_examples(n: int, seed: int = 0, max_operand: int = 50) -> list[tu
 def arithmetic_tensordict(
     examples: Sequence[tuple[str, str]], tokenizer: Any, *, max_length: int = 16
 ) -> TensorDict:
-    """Tokenize ``(prompt, completion)`` pairs into a ``TensorDict`` of ``len(examples)`` items.
-
-    Each item holds ``prompt`` / ``completion`` strings and int64
-    ``input_ids`` (prompt, completion, eos, right-padded to ``max_length``),
-    ``attention_mask`` (1 on real tokens) and ``labels`` (``-100`` on the
-    prompt and the padding, so only the answer and eos are learned).
-    """
+    """Tokenize ``(prompt, completion)`` pairs into a ``TensorDict``: the strings, ``input_ids`` (right-padded), ``attention_mask`` and ``labels`` (``-100`` but on the answer and eos)."""
     prompts = [p for p, _ in examples]
     completions = [c for _, c in examples]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
@@ -142,10 +129,8 @@ def fill_arithmetic_buffer(
 ) -> int:
     """Write ``n`` tokenized arithmetic items (see :func:`arithmetic_tensordict`) to ``rb``.
 
-    Also a ``CallSource`` target: without ``tokenizer`` one is built here,
-    locally (:func:`make_tokenizer`), so a YAML config names only this function
-    and plain numbers (``function: rb_lightning.llm.data:fill_arithmetic_buffer``,
-    ``kwargs: {n: 512, seed: 1}``).
+    A ``CallSource`` target: without ``tokenizer`` one is built locally, so a YAML config names
+    only this function and numbers.
 
     Args:
         rb: The buffer to extend.
@@ -154,9 +139,8 @@ def fill_arithmetic_buffer(
         seed: Seed of the examples.
         max_length: Tokens per item (padded).
         max_operand: Largest operand.
-        text: Also store the ``prompt`` / ``completion`` strings. ``False`` keeps
-            tensors only (a ``LazyMemmapStorage`` keeps only the first string of a
-            column in torchrl 0.14.1).
+        text: Also store the ``prompt`` / ``completion`` strings (a ``LazyMemmapStorage``
+            keeps only a column's first string in torchrl 0.14.1).
 
     Returns:
         The number of items written.

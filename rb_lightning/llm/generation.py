@@ -1,25 +1,17 @@
 """Seeded sampling of completions from a causal LM, and the per-token log-probs of a completion.
 
-Sequences are laid out as ``[left-padded prompt | completion, eos, right padding]``
-with a fixed prompt width, so the token ``t`` of a completion is always at
-column ``prompt_width + t``; position ids count attended tokens only, so left
-padding does not shift the positions a model sees. The same layout is used when
-completions are generated, when their behaviour log-probs are computed, and
-when they are trained on, so the log-probs of the current policy on its own
-completions match the stored ones.
-
-Sampling draws from an explicit ``torch.Generator``: the same generator state
-gives the same completions (``transformers``' ``generate`` draws from torch's
-global RNG).
+Sequences are ``[left-padded prompt | completion, eos, right padding]`` with a fixed prompt
+width, so completion token ``t`` is at column ``prompt_width + t``; position ids count
+attended tokens only. Generation, behaviour log-probs and training use this one layout, so
+the policy's log-probs on its own completions match the stored ones. Sampling draws from
+an explicit ``torch.Generator`` (``transformers``' ``generate`` uses the global RNG).
 
 Examples:
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from rb_lightning.llm.data import make_tokenizer
-    >>> from rb_lightning.llm.generation import encode_prompts, sample_completions
     >>> tok = make_tokenizer()
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <torch._C.Generator object at ...>
+    >>> _ = torch.manual_seed(0)
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=18, hidden_size=16,
     ...     intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
     >>> ids, mask = encode_prompts(tok, ["1+2=", "12+30="], width=8)
@@ -102,18 +94,11 @@ def sample_completions(
 ) -> Completions:
     """Sample (or, ``greedy``, decode) up to ``max_new_tokens`` tokens after each prompt.
 
-    With ``completions_per_prompt = G`` each prompt row gets ``G`` completions (rows
-    ``i * G`` to ``i * G + G - 1`` of the result): the prompt is run through the model
-    once and its key/value cache repeated, instead of once per completion (for the
-    shipped GRPO config, 13% less time per training step).
-
-    A completion ends with its eos token (included, masked 1); what follows is
-    ``pad_token_id``, masked 0. Draws come from ``generator`` (on the model's
-    device), one ``torch.multinomial`` call per token. The log-probabilities
-    are those of the drawn tokens under the sampling distribution (the behaviour
-    policy's, at ``temperature``), read off the logits of the draw itself: they
-    equal :func:`completion_log_probs` of the whole sequences up to float rounding
-    (1e-6 for the shipped model).
+    With ``completions_per_prompt = G`` prompt ``i`` gets rows ``i * G`` to ``i * G + G - 1``,
+    from one pass over the prompt with its key/value cache repeated. A completion ends with
+    its eos (masked 1), then ``pad_token_id`` (masked 0). Draws come from ``generator``; the
+    log-probs are the drawn tokens' under the sampling distribution, equal to
+    :func:`completion_log_probs` up to float rounding.
     """
     if completions_per_prompt < 1:
         raise UsageError(

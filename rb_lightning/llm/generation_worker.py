@@ -1,26 +1,13 @@
 """A process that generates GRPO groups beside training, with weights at most ``s`` versions old.
 
-:class:`GenerationWorker` starts one process (``multiprocessing``, ``spawn`` by default)
-holding its own copy of the policy. It generates batch after batch of whole groups
-(:meth:`rb_lightning.llm.grpo.GRPOModule.generate_groups`, batch ``i`` seeded by
-``i``) and sends each back with the version of the weights that generated it. The
-trainer sends weights with :meth:`GenerationWorker.push_weights` and takes the groups
-with :meth:`GenerationWorker.receive`.
-
-The staleness bound is kept by the worker itself: batch ``i`` is the one the trainer
-trains on at step ``i``, so the worker starts it only with weights of version
-``>= i - max_staleness`` and otherwise waits for newer ones. That is the rate
-limit too: generation runs at most ``max_staleness`` batches ahead of training, never
-further (AReaL's ``max_head_offpolicyness``).
-
-Given the replay buffer (``write_into``, one torchrl can share:
-:func:`~rb_lightning.torchrl_compat.can_share_writes`, and groups without text columns),
-the worker extends it itself and sends only a notice; the trainer learns the new rows
-(:class:`~rb_lightning.buffers.shared_writes.WorkerWrites`) and reads them back for its
-statistics. Otherwise the groups cross the process boundary as numpy arrays through a
-pipe, and the trainer writes them. The weights always go as one float32 byte string.
-Shared memory is torch's file-descriptor kind, unlinked at once, so a killed process
-leaves nothing in ``/dev/shm``.
+:class:`GenerationWorker` starts one process holding its own copy of the policy; it
+generates batch after batch of whole groups (batch ``i`` seeded by ``i``) and sends each
+with the version of the weights that made it. Batch ``i`` is trained on at step ``i``, so
+the worker starts it only with weights of version ``>= i - max_staleness`` (AReaL's
+``max_head_offpolicyness``): it never runs further ahead. Given a buffer it can share
+(``write_into``) the worker extends it and sends a notice; otherwise groups cross the
+pipe as numpy arrays. Shared memory is torch's file-descriptor kind, unlinked at once, so a
+killed process leaves nothing in ``/dev/shm``.
 
 Examples:
     >>> from transformers import LlamaConfig
@@ -172,19 +159,16 @@ class GenerationWorker:
 
     Args:
         module_kwargs: The :class:`~rb_lightning.llm.grpo.GRPOModule` arguments of the
-            worker's copy (``config``, ``num_generations``, ``prompts_per_step``, ...);
-            its weights come from :meth:`push_weights`.
+            worker's copy; its weights come from :meth:`push_weights`.
 
     Keyword Args:
         max_staleness: Batch ``i`` is generated with weights of version ``>= i - max_staleness``.
-        first_batch: The index of the first batch generated (a resumed run: the next one
-            not in the buffer).
+        first_batch: The index of the first batch generated (on resume: the next one not stored).
         start_method: ``multiprocessing`` start method (``"spawn"``: a fresh interpreter).
         threads: Torch threads of the worker.
-        write_into: The replay buffer the worker extends itself when torchrl can share it
-            and the groups carry no text (``module_kwargs["store_text"]`` false);
-            :attr:`writes` then says so, and :meth:`receive` hands back groups already
-            in it. ``None``: the trainer writes what :meth:`receive` hands back.
+        write_into: The buffer the worker extends itself when torchrl can share it and the
+            groups carry no text (:attr:`writes` says so); ``None``: the trainer writes
+            what :meth:`receive` hands back.
     """
 
     def __init__(
@@ -249,9 +233,9 @@ class GenerationWorker:
     def receive(self, timeout: float | None) -> tuple[int, TensorDict, float] | None:
         """The next generated batch: ``(index, groups, seconds the worker waited for weights)``.
 
-        ``timeout=None``: only what has arrived (``None`` if nothing). Otherwise waits up to
-        ``timeout`` seconds, raising :class:`~rb_lightning.errors.SampleTimeoutError` then.
-        A worker that raised or died raises :class:`~rb_lightning.errors.CollectorError`.
+        ``timeout=None``: only what has arrived (else ``None``); otherwise waits up to ``timeout``
+        (then :class:`~rb_lightning.errors.SampleTimeoutError`). A dead or failed worker raises
+        :class:`~rb_lightning.errors.CollectorError`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

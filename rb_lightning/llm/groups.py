@@ -1,25 +1,15 @@
 """``GroupSampler``: batches of whole groups (all completions of a prompt), fresh enough.
 
-Group-relative objectives (GRPO and its peers) normalise each completion's
-reward against the other completions of the same prompt, so a batch must hold
-each of its groups whole. :class:`GroupSampler` is a torchrl
-:class:`~torchrl.data.replay_buffers.Sampler`: it reads the stored ``group``
-column (an int64 id shared by the ``group_size`` items of a group), keeps the
-groups whose items are all present and at most ``max_staleness`` policy
-versions old (:mod:`rb_lightning.policy_version`), and draws
-``batch_size // group_size`` of them without replacement, with the buffer's
-generator. A batch size that is not a multiple of ``group_size`` is a
-:class:`~rb_lightning.errors.UsageError`.
-
-The consumer's version lives in the sampler (:attr:`GroupSampler.consumer_version`),
-set by the learner before each draw, and is saved with the buffer's checkpoint
-(:meth:`GroupSampler.state_dict`, :meth:`GroupSampler.dumps`).
+Group-relative objectives normalise a completion's reward against its group's, so a batch
+holds its groups whole. The sampler keeps the groups (stored ``group`` id) whose items are
+all present and at most ``max_staleness`` versions older than
+:attr:`GroupSampler.consumer_version` (saved with the buffer), and draws
+``batch_size // group_size`` of them without replacement.
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-    >>> from rb_lightning.llm.groups import GroupSampler
     >>> sampler = GroupSampler(group_size=4, max_staleness=0)
     >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler)
     >>> _ = rb.extend(TensorDict({
@@ -27,8 +17,7 @@ Examples:
     ...     "policy_version": torch.tensor([0] * 8 + [1] * 8),     # 2 old, 2 new
     ... }, batch_size=[16]))
     >>> sampler.consumer_version = 1
-    >>> batch = rb.sample(8)
-    >>> sorted(batch["group"].tolist())                            # the 2 fresh groups, whole
+    >>> sorted(rb.sample(8)["group"].tolist())                     # the 2 fresh groups, whole
     [2, 2, 2, 2, 3, 3, 3, 3]
 """
 
@@ -55,30 +44,19 @@ _STATE_FILE = "group_sampler.json"
 class GroupSampler(Sampler):
     """Sample ``batch_size // group_size`` whole groups per batch, at most ``max_staleness`` old.
 
+    Eligible groups are drawn uniformly without replacement (again with replacement when too
+    few are eligible); a group with overwritten items is never drawn.
+
     Args:
-        group_size: Items per group (GRPO's ``num_generations``). The batch size
-            must be a multiple of it.
+        group_size: Items per group (GRPO's ``num_generations``); divides the batch size.
 
     Keyword Args:
         group_key: Column of the group ids (int64, one value per item).
-        max_staleness: Draw only groups produced at most this many policy
-            versions before :attr:`consumer_version`; ``0``: only what the
-            current policy produced (on-policy). ``None``: no limit.
-        version_key: Column of the producing policy's version (read only when
-            ``max_staleness`` is set).
-        order: ``"uniform"``: groups drawn uniformly among the eligible ones.
-            ``"oldest"``: each group is drawn once, in the order of its id (the order
-            it was generated in): a batch is the ``batch_size // group_size`` eligible
-            groups of the lowest ids not drawn yet; groups passed over because they
-            were too stale are counted in :attr:`groups_dropped`. The asynchronous
-            GRPO loop (:class:`~rb_lightning.llm.async_grpo.AsyncGRPOModule`) consumes
-            its generated batches this way, one per step.
-
-    Groups are drawn uniformly without replacement among the eligible ones; when
-    fewer are eligible than a batch needs, the missing ones are drawn again
-    (with replacement). A group some of whose items were overwritten (a storage
-    whose capacity is not a multiple of ``group_size``) is never drawn. The
-    items of a group come in storage order, groups in drawn order.
+        max_staleness: Draw only groups at most this many versions before
+            :attr:`consumer_version` (``0``: on-policy; ``None``: no limit).
+        version_key: Column of the producing policy's version.
+        order: ``"uniform"``, or ``"oldest"``: each group once, lowest ids first, the stale
+            ones passed over counted in :attr:`groups_dropped` (the asynchronous GRPO loop).
     """
 
     def __init__(

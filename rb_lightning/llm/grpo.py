@@ -1,29 +1,15 @@
 """``GRPOModule``: online GRPO for a causal LM, trained by Lightning from the DataModule's buffer.
 
-Each training step, at policy version ``v`` (the optimizer steps done so far):
-
-1. draws ``prompts_per_step`` prompts of its task (:mod:`rb_lightning.llm.tasks`) and
-   samples ``num_generations`` completions of each with the current policy, seeded by
-   ``(seed, rank, step)``; scores them with the reward functions (TRL's signature,
-   summed) and computes group-relative advantages;
-2. writes the whole groups into the DataModule's buffer (token ids and masks, ``reward``,
-   ``advantage``, ``group``, the behaviour log-probs, ``policy_version = v``);
-3. only then takes its batch (``training_step`` receives the loader's iterator), drawn by
-   a :class:`~rb_lightning.llm.groups.GroupSampler` gated on ``v``: with
-   ``max_staleness: 0`` exactly this step's groups, with ``s`` the last ``s`` versions';
-4. minimises the clipped objective (:mod:`rb_lightning.llm.objective`).
-
-``validate`` / ``test`` decode the prompts of ``val_buffer`` / ``test_buffer`` greedily and
-log ``val_accuracy`` (or ``val_reward`` for a task without a ``correct`` function).
+Each training step at policy version ``v`` generates ``num_generations`` completions of
+``prompts_per_step`` prompts (seeded by ``(seed, rank, step)``), scores them (TRL's reward
+signature, summed), writes the whole groups with their advantages, behaviour log-probs
+and ``policy_version = v`` into the buffer, then draws its batch through a
+:class:`~rb_lightning.llm.groups.GroupSampler` (``max_staleness: 0``: this step's groups)
+and minimises the clipped objective. ``validate`` / ``test`` decode greedily and log
+``val_accuracy`` (or ``val_reward``).
 
 Examples:
-    From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md)::
-
-        python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
-        python train.py fit --config configs/llm_grpo.yaml \\
-            --model.init_from runs/llm_sft/version_0/checkpoints/last.ckpt
-
-    One step's groups, in Python:
+    From the command line, ``configs/llm_grpo.yaml`` (docs/llm.md). One step's groups:
 
     >>> from transformers import LlamaConfig
     >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,
@@ -82,49 +68,34 @@ class GRPOModule(L.LightningModule):
     """Online GRPO on a task's prompts, with replay of whole groups through the DataModule.
 
     Args:
-        config: The policy's ``transformers`` config (``LlamaConfig(...)``, as in
-            ``configs/llm_sft.yaml``).
+        config: The policy's ``transformers`` config (``LlamaConfig(...)``).
 
     Keyword Args:
-        init_from: A Lightning checkpoint of :class:`~rb_lightning.llm.module.CausalLMModule`
-            (``configs/llm_sft.yaml``'s ``last.ckpt``) whose weights start the
-            policy. ``None``: random weights (said in the first log line).
-        num_generations: Completions per prompt (the group size; the buffer's
-            ``GroupSampler(group_size=...)`` must match).
-        prompts_per_step: Prompts generated for each step. ``None``: one batch's
-            worth, ``batch_size // num_generations``.
+        init_from: A :class:`~rb_lightning.llm.module.CausalLMModule` checkpoint whose
+            weights start the policy. ``None``: random weights (said in the first log line).
+        num_generations: Completions per prompt (the buffer's ``GroupSampler`` group size).
+        prompts_per_step: Prompts per step. ``None``: ``batch_size // num_generations``.
         max_new_tokens: Longest completion, in tokens (eos included).
         temperature: Sampling temperature (also applied to the log-probs).
         lr: AdamW learning rate.
         clip_epsilon: Clip range of the importance ratio, ``[1 - eps, 1 + eps]``.
         beta: Weight of the KL to the starting policy (``0``: none, no reference model).
         rewards: Reward functions, ``"module:function"``; their sum is the reward.
-        task: What the run trains on and is judged by: prompts, tokenizer, correctness
-            (:class:`~rb_lightning.llm.tasks.PromptTask`; in YAML a ``class_path``).
+        task: Prompts, tokenizer and correctness (:class:`~rb_lightning.llm.tasks.PromptTask`).
             ``None``: :class:`~rb_lightning.llm.tasks.ArithmeticTask`.
         prompt_width: Columns of the left-padded prompts (tokens).
-        seed: Seed of the prompts and of the sampling (with the rank and the step).
-            ``None``: drawn from torch's global generator when training starts, so the
-            run's ``seed_everything`` decides it (``--seed_everything 2`` is another
-            run); the number is saved in checkpoints, and a resume continues with it.
-        store_text: Also store the ``prompt`` and ``completion`` strings. In torchrl
-            0.14.1 a ``LazyTensorStorage`` writes string columns item by item, which
-            costs more than the rest of a tiny model's step;
-            :func:`rb_lightning.llm.pairs.with_text` decodes them from the token ids
-            when the rows are exported.
-        off_policy_correction: ``"none"``: the clipped ratio is taken against the behaviour
-            policy (the stored ``behaviour_log_probs``), as in TRL. ``"decoupled"``: AReaL's
-            decoupled PPO objective. The ratio is taken against a *proximal* policy, the
-            current weights before this step's update (``log_prob`` detached, so the
-            ratio is 1 and its clip never binds in a single update per batch), and each
-            token is weighted by the importance weight ``min(exp(prox - behaviour),
-            importance_weight_cap)`` of the proximal against the behaviour policy,
-            detached (the truncated importance sampling of verl / prime-rl). On fresh
-            groups (behaviour = current policy) both give the same loss and gradient; on
-            stale ones ``"none"`` silences every token whose ratio left the clip range,
-            ``"decoupled"`` keeps its gradient, down- or up-weighted (at most the cap).
-        importance_weight_cap: The largest importance weight of ``"decoupled"`` (verl's
-            ``2.0`` by default).
+        seed: Seed of the prompts and sampling (with the rank and step). ``None``: drawn from
+            torch's generator when training starts (so ``seed_everything`` decides it); saved
+            in checkpoints.
+        store_text: Also store the ``prompt`` and ``completion`` strings (slow in torchrl
+            0.14.1; :func:`rb_lightning.llm.pairs.with_text` decodes them at export).
+        off_policy_correction: ``"none"``: the clipped ratio against the stored behaviour
+            policy, as in TRL. ``"decoupled"``: AReaL's decoupled objective: the ratio
+            against the weights before this step's update, each token weighted by
+            ``min(exp(prox - behaviour), importance_weight_cap)`` (detached). Equal on fresh
+            groups; on stale ones ``"none"`` silences tokens outside the clip range,
+            ``"decoupled"`` keeps their gradient.
+        importance_weight_cap: The largest importance weight of ``"decoupled"`` (verl's 2.0).
     """
 
     def __init__(
@@ -336,12 +307,9 @@ class GRPOModule(L.LightningModule):
     ) -> TensorDict:
         """``prompts_per_step`` whole groups of ``num_generations`` scored completions (CPU).
 
-        ``step`` seeds the prompts and the sampling and numbers the groups; the items are
-        stamped ``policy_version = version`` (``None``: ``step``, the synchronous loop's
-        case, where the weights generating step ``s`` are version ``s``). ``scored=False``:
-        rewards of zero, no reward function called (a batch that only shows the columns).
-        ``micro``: the micro-batch of the step (``accumulate_grad_batches``), which draws
-        other prompts and numbers other groups.
+        ``step`` (and ``micro``, the micro-batch) seeds the prompts and numbers the groups; items
+        are stamped ``policy_version = version`` (``None``: ``step``). ``scored=False``: zero
+        rewards, no reward function called.
         """
         generator = self._generator(step, micro)
         n_prompts = int(self.prompts_per_step or 1)

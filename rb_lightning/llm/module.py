@@ -1,30 +1,20 @@
 """``CausalLMModule``: a ``transformers`` causal LM, built from a config, trained on buffer batches.
 
-The model is built with ``AutoModelForCausalLM.from_config`` (no download), so
-a YAML config chooses its architecture and size through ``class_path``
-(``transformers.LlamaConfig``, ``transformers.GPT2Config``...). Batches are the
-``TensorDict`` s a :class:`~rb_lightning.ReplayBufferDataModule` samples: int64
-``input_ids`` and ``attention_mask``, and ``labels`` with ``-100`` where no loss
-is wanted (without ``labels``, the loss covers every attended token).
-
-:func:`rb_lightning.llm.data.fill_arithmetic_buffer` fills a buffer with the synthetic
-arithmetic task (tokenizer built locally); it is what ``configs/llm_sft.yaml`` names as
-its ``CallSource``.
+The model is built with ``AutoModelForCausalLM.from_config`` (no download), so a YAML config
+picks its architecture through ``class_path``. Batches hold int64 ``input_ids``,
+``attention_mask`` and ``labels`` (``-100``: no loss; without ``labels`` every attended token
+counts).
 
 Examples:
-    >>> import torch
     >>> from transformers import LlamaConfig
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
     >>> from rb_lightning.llm.data import fill_arithmetic_buffer
-    >>> from rb_lightning.llm.module import CausalLMModule
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(64))
     >>> fill_arithmetic_buffer(rb, 8)
     8
     >>> config = LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32,
     ...                      num_hidden_layers=1, num_attention_heads=2)
-    >>> module = CausalLMModule(config)
-    >>> loss = module.training_step(rb.sample(4), 0)
-    >>> bool(loss > 0)
+    >>> bool(CausalLMModule(config).training_step(rb.sample(4), 0) > 0)
     True
 """
 

@@ -1,11 +1,7 @@
 """Stored GRPO groups as TRL rows: their text (:func:`with_text`) and preference pairs.
 
-:func:`preference_pairs` turns the rows of stored groups (``prompt``,
-``completion``, ``reward``, ``group``, e.g. ``to_hf_dataset(run, streaming=False)``
-of a ``configs/llm_grpo.yaml`` run) into one ``{"prompt", "chosen", "rejected"}``
-row per group whose rewards differ: the best completion against the worst.
-:func:`with_text` adds the ``prompt`` / ``completion`` strings to rows stored
-without them (``GRPOModule(store_text=False)``), decoded from their token ids.
+:func:`preference_pairs` turns stored groups into one ``{"prompt", "chosen", "rejected"}``
+row per group whose rewards differ (best against worst).
 
 Examples:
     >>> rows = [
@@ -29,15 +25,12 @@ from rb_lightning.llm.generation import decode_text
 def with_text(rows: Iterable[Mapping[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
     """``rows`` with ``prompt`` and ``completion`` strings decoded from their token ids.
 
-    Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask`` (the
-    layout of :mod:`rb_lightning.llm.generation`: prompt columns, then the
-    completion's); rows that already have both strings are kept as they are.
+    Each row needs ``input_ids``, ``attention_mask`` and ``completion_mask``; rows that have
+    both strings are kept as they are.
 
     Args:
         rows: Rows such as those of ``to_hf_dataset(run, streaming=False)``.
-        tokenizer: The tokenizer the run used (``module.tokenizer``, its task's:
-            ``make_tokenizer()`` for the shipped arithmetic task). Required: ids
-            decoded with another tokenizer give other text without any error.
+        tokenizer: The tokenizer the run used (another one decodes other text, silently).
 
     Examples:
         >>> from rb_lightning.llm.data import make_tokenizer

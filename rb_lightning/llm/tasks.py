@@ -1,9 +1,7 @@
 """What a GRPO run trains on: prompts, the tokenizer, and what a right answer is.
 
-:class:`PromptTask` takes any of them as arguments (objects, or ``"module:function"``
-paths that a YAML config can name); :class:`ArithmeticTask` is the shipped task
-(``"12+7="``, a character tokenizer, the exact sum), one instance of it. Rewards stay
-on :class:`~rb_lightning.llm.grpo.GRPOModule` (``rewards=[...]``, TRL's signature).
+:class:`PromptTask` takes each as an object or a ``"module:function"`` path a YAML config
+can name; :class:`ArithmeticTask` is the shipped task. Rewards stay on the module.
 
 Examples:
     A task of your own: reverse a string, with the shipped character tokenizer.
@@ -14,10 +12,8 @@ Examples:
     ...     tokenizer="rb_lightning.llm.data:make_tokenizer",
     ...     correct=lambda prompt, completion: completion == prompt[:-1][::-1],
     ... )
-    >>> task.draw(2, torch.Generator().manual_seed(0))
-    ['xyz=', 'abc=']
-    >>> task.is_correct("abc=", "cba")
-    True
+    >>> task.draw(2, torch.Generator().manual_seed(0)), task.is_correct("abc=", "cba")
+    (['xyz=', 'abc='], True)
     >>> ArithmeticTask(max_operand=9).draw(2, torch.Generator().manual_seed(0))
     ['4+9=', '3+0=']
 """
@@ -54,19 +50,12 @@ class PromptTask:
     """Prompts, a tokenizer and (optionally) a correctness check, for GRPO on any task.
 
     Args:
-        prompts: The prompts: a list (each step draws uniformly from it with the step's
-            generator), or ``f(n, generator) -> list[str]`` / its ``"module:function"``
-            path (draw with ``generator`` only, so that the run's seed decides them and
-            a resume repeats them).
-        tokenizer: A ``transformers`` tokenizer with ``pad_token`` and ``eos_token``, or
-            a function returning one / its ``"module:function"`` path (built once, when
-            first needed: a path keeps the task small to copy into a worker process).
-        correct: ``f(prompt, completion) -> bool`` / its path: what ``validate`` and
-            ``test`` count as right (``val_accuracy``). ``None``: they log the mean
-            reward of the greedy completions (``val_reward``) instead.
-
-    Prompts are left-padded to ``GRPOModule(prompt_width=...)`` tokens; a longer one is
-    refused naming both numbers.
+        prompts: A list (each step draws uniformly with its generator), or
+            ``f(n, generator) -> list[str]`` / its ``"module:function"`` path.
+        tokenizer: A ``transformers`` tokenizer with ``pad_token`` and ``eos_token``, or a
+            function returning one / its path (built when first needed).
+        correct: ``f(prompt, completion) -> bool`` / its path: what ``validate`` and ``test``
+            count as right. ``None``: they log the mean greedy reward (``val_reward``).
     """
 
     def __init__(

@@ -2,19 +2,12 @@
 
     python train.py fit --config configs/llm_sft.yaml --trainer.max_steps 300
     rb-lightning-export-hf runs/llm_sft sft_data --keys prompt completion
-    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft \
-        --trainer sft grpo   # SFTTrainer, then GRPOTrainer, from the run's model
+    python -m rb_lightning.llm.trl_from_disk sft_data --model runs/llm_sft --trainer sft grpo
 
-``--model`` names the Lightning run (its directory or ``.ckpt``; ``runs/llm_sft``: the
-config's newest run, the one ``fit`` just wrote) whose model TRL continues; without
-it, a fresh tiny Llama (whose GRPO rewards stay 0: it never answers right). SFT goes on
-with the run's own training, restored from its checkpoint and ``config.yaml``: its AdamW
-state, learning-rate schedule, batch size, clipping and float32 (see :class:`LightningRun`),
-so its loss starts where the run's stopped and goes down. The tokenizer
-is the configs' local character tokenizer; put your own model and tokenizer in their
-place. The data is ``datasets.load_from_disk`` of the export, as any TRL script would
-read it. ``datasets``, ``transformers`` and ``trl`` (the ``hf`` extra) are imported when
-it runs.
+``--model`` names the Lightning run whose model TRL continues (without it, a fresh tiny
+Llama). SFT goes on with the run's own optimizer state, schedule, batch size and clipping
+(:class:`LightningRun`), so its loss starts where the run's stopped. The data is
+``datasets.load_from_disk`` of the export, as any TRL script would read it.
 """
 
 from __future__ import annotations
@@ -62,13 +55,9 @@ def tiny_model(tokenizer: Any) -> Any:
 class LightningRun:
     """A finished Lightning run of ``CausalLMModule``, as its checkpoint and config left it.
 
-    TRL continues it with the run's own training: ``optimizers()`` is the run's AdamW with
-    its moments and step count and its learning-rate schedule where it stopped, and
-    ``batch_size``, ``max_grad_norm`` and ``accumulation`` are the run's ``config.yaml``'s.
-    A fresh AdamW at the run's full learning rate (TRL's default, without the run's warm-up)
-    moves every weight by about the learning rate at its first step (Adam's first update is
-    ``lr * sign(grad)``): after 300 steps of ``llm_sft``, that one step took TRL's loss from
-    0.43 to 2.24 (a batch of 64).
+    TRL continues it with the run's own optimizer state, schedule, batch size and clipping: a
+    fresh AdamW at the full learning rate moves every weight by about ``lr`` at its first step
+    (after 300 steps of ``llm_sft`` that one step took TRL's loss from 0.43 to 2.24).
     """
 
     name: str
@@ -85,13 +74,7 @@ class LightningRun:
         return self.module.model
 
     def optimizers(self) -> tuple[Any, Any]:
-        """The run's optimizer and learning-rate schedule, restored as Lightning resumes them.
-
-        Built by the module's ``configure_optimizers`` (so over the model's parameters, in
-        the run's order); the schedule goes on from the run's last step. Without saved
-        states (a weights-only checkpoint), a fresh optimizer whose schedule starts over
-        (the module's warm-up included).
-        """
+        """The run's optimizer and learning-rate schedule, restored as Lightning resumes them (a weights-only checkpoint: fresh ones, the warm-up included)."""
         import torch
 
         configured = self.module.configure_optimizers()
@@ -109,12 +92,7 @@ class LightningRun:
 
 
 def run_model(path: str) -> LightningRun:
-    """The Lightning run of ``CausalLMModule`` (``llm_sft.yaml``) at ``path``, to continue in TRL.
-
-    ``path`` is the run directory, its ``.ckpt``, or a config's directory of runs (its newest
-    run); the module is rebuilt from the hyper-parameters it saved and given the checkpoint's
-    weights. Nothing in the checkpoint is unpickled.
-    """
+    """The Lightning run of ``CausalLMModule`` at ``path`` (run directory, ``.ckpt`` or a config's directory of runs), rebuilt from its hyper-parameters and weights; nothing is unpickled."""
     import importlib
 
     import transformers
@@ -236,10 +214,8 @@ def train(
 ) -> tuple[Any, int, list[dict[str, float]]]:
     """Train ``model`` with TRL trainer ``name``; return the model, its steps and step logs.
 
-    ``continuing``: the Lightning run that SFT goes on with and its restored optimizer and
-    schedule (:meth:`LightningRun.optimizers`); TRL then trains as the run did (its
-    optimizer state, learning rate, batch size, clipping, float32), not with TRL's fresh
-    AdamW, linear decay, batches of 8, ``max_grad_norm=1`` and bfloat16 autocast.
+    ``continuing``: the Lightning run SFT goes on with, and its restored optimizer and
+    schedule, so TRL trains as the run did instead of with its own defaults.
     """
     import transformers
     import trl

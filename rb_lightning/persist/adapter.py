@@ -18,14 +18,10 @@ __all__ = ["BufferCheckpointAdapter"]
 
 
 class BufferCheckpointAdapter(CheckpointAdapter):
-    """Store a replay buffer in a ``torchrl.checkpoint.Checkpoint`` in this format.
+    """Store a replay buffer in a ``torchrl.checkpoint.Checkpoint`` with :func:`dump_buffer`.
 
-    torchrl 0.14's ``Checkpoint`` saves a ``ReplayBuffer`` through its ``dumps``
-    (its default adapter), which writes a pickle and, in 0.14.1, restores string
-    columns wrongly. Registered for ``ReplayBuffer``, this adapter writes the
-    component with :func:`dump_buffer` instead (verified, pickle-free, strings
-    kept), so torchrl's manifest, archive format and ``CheckpointRotation``
-    apply to it.
+    torchrl 0.14's default adapter writes a pickle and, in 0.14.1, restores string columns
+    wrongly; this one is verified, pickle-free and keeps strings.
 
     Examples:
         >>> import tempfile

@@ -1,25 +1,19 @@
 """One writer thread for checkpoint saves: a save runs while training goes on, one at a time.
 
-:class:`BackgroundWriter` runs each job it is given in one worker thread, after the
-previous job has ended (:meth:`BackgroundWriter.submit` waits for it first), and hands a
-job's exception to the caller of the next :meth:`~BackgroundWriter.submit`,
-:meth:`~BackgroundWriter.wait` or :meth:`~BackgroundWriter.close`, as Lightning's
-``AsyncCheckpointIO`` does. It knows nothing of checkpoints: the caller decides what a
-job writes.
+A job's exception reaches the caller of the next ``submit``, ``wait`` or ``close``, as in
+Lightning's ``AsyncCheckpointIO``. The caller decides what a job writes.
 
 Examples:
     >>> writer = BackgroundWriter()
     >>> done = []
     >>> writer.submit(lambda: done.append(1))
     >>> writer.wait()
-    >>> done
-    [1]
     >>> writer.submit(lambda: 1 / 0)
     >>> try:
     ...     writer.wait()
     ... except ZeroDivisionError:
-    ...     print("raised in the caller")
-    raised in the caller
+    ...     print("raised in the caller", done)
+    raised in the caller [1]
     >>> writer.close()
 """
 
@@ -37,11 +31,6 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future[None] | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a job was submitted and not yet waited for."""
-        return self._future is not None
 
     def submit(self, job: Callable[[], None]) -> None:
         """Wait for the previous job (raising its error), then start ``job`` in the thread."""

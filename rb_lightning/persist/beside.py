@@ -1,10 +1,8 @@
 """Dumps written beside a Lightning ``.ckpt``: the requests the checkpoint dict carries, and references.
 
 A buffer too large for the ``.ckpt`` is put in the DataModule's state as a
-:class:`BufferDumpRequest`; :class:`~rb_lightning.checkpoint.BufferCheckpointIO`
-carries it out once the checkpoint's path is known, writing the dump to
-``<ckpt>.buffer/<version>/``, and stores its record (:func:`beside_reference`,
-a :class:`~rb_lightning.persist.record.BufferRecord`) in its place.
+:class:`BufferDumpRequest`; ``BufferCheckpointIO`` writes it to ``<ckpt>.buffer/<version>/``
+and stores its record (:func:`beside_reference`) in its place.
 
 Examples:
     >>> buffer_dir_for("/runs/last.ckpt").name

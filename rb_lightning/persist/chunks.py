@@ -1,41 +1,29 @@
 """Chunked buffer saves: each save writes the rows written since the previous one.
 
-A tensor storage written by a round-robin writer changes, between two saves, in the rows
-``[cursor, cursor + n) mod capacity`` where ``cursor`` is the writer's cursor at the
-previous save and ``n`` the growth of its ``write_count``. A chunked save writes only
-those rows, as new *chunks* in a chunk store shared by every checkpoint of a directory
-(``<dir>/buffer-chunks/<chunk>/``: a memory-mapped TensorDict of rows), plus the small
-state (sampler, writer, generator, read-ahead batches) and a manifest (layout
-``chunked_rows``) in its own version directory. The manifest lists *segments*: storage
-rows ``[start, stop)`` are rows ``[offset, offset + stop - start)`` of chunk ``chunk``;
-together they cover ``[0, len)``. It also records the size and ``xxh3_64`` checksum of
-every file of every chunk it uses, verified on load like the version's own files.
-
-The save is split in two (:func:`prepare_chunked_save`, :meth:`ChunkedSave.finish`): the
-first copies the changed rows and writes the small state, in the thread that trains; the
-second writes, checksums and ``fsync``-s the chunks and the manifest and renames the
-version into place, in any thread. Chunks are shared: a chunk stays on disk while a kept
-manifest lists it (or the last save of a live buffer, which the next save builds on);
-:func:`collect_garbage` deletes the others. This module knows no Lightning: where the
-version directories live and when a save runs is the caller's.
+Between two saves a round-robin writer changes rows ``[cursor, cursor + n) mod capacity``.
+A chunked save writes those rows as new *chunks* in a store shared by every checkpoint of
+a directory (``<dir>/buffer-chunks/<chunk>/``), plus the small state and a manifest
+(layout ``chunked_rows``) whose *segments* map storage rows to chunk rows, with each
+chunk file's size and ``xxh3_64`` checksum. :func:`prepare_chunked_save` copies the rows
+in the training thread; :meth:`ChunkedSave.finish` writes and renames in any thread;
+:func:`collect_garbage` deletes chunks no kept manifest lists.
 
 Examples:
     >>> import tempfile
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+    >>> from rb_lightning.persist.dumps import load_dump
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
     >>> checkpoints = Path(tempfile.mkdtemp())
     >>> first = prepare_chunked_save(rb, checkpoints / "a.ckpt.buffer").finish()[1]
     >>> _ = rb.extend(TensorDict({"x": torch.arange(100, 103)}, batch_size=[3]))
     >>> second = prepare_chunked_save(rb, checkpoints / "b.ckpt.buffer").finish()[1]
-    >>> first["changed_rows"], second["changed_rows"]  # the second save wrote 3 rows
+    >>> first["changed_rows"], second["changed_rows"]
     (8, 3)
     >>> restored = ReplayBuffer(storage=LazyTensorStorage(8))
-    >>> from rb_lightning.persist.dumps import load_dump
-    >>> version = next((checkpoints / "b.ckpt.buffer").iterdir())
-    >>> _ = load_dump(restored, version)
+    >>> _ = load_dump(restored, next((checkpoints / "b.ckpt.buffer").iterdir()))
     >>> restored[:]["x"].tolist()
     [100, 101, 102, 3, 4, 5, 6, 7]
 """
@@ -179,13 +167,7 @@ def chunk_store_of(version_dir: str | os.PathLike) -> Path:
 
 
 def chunked_save_supported(replay_buffer: ReplayBuffer) -> bool:
-    """Whether ``replay_buffer`` can be saved in chunks (else: a whole dump, as before).
-
-    A ``TensorStorage`` / ``LazyTensorStorage`` / ``LazyMemmapStorage`` with one storage
-    dimension that holds data, written by a ``RoundRobinWriter`` (its cursor and
-    ``write_count`` say which rows changed), with torchrl's default checkpointer, no
-    prefetch queue and no stateful transform.
-    """
+    """Whether ``replay_buffer`` can be saved in chunks: a 1-D tensor storage with a ``RoundRobinWriter``, torchrl's default checkpointer, no prefetch, no stateful transform."""
     storage = replay_buffer.storage
     if type(storage) not in _STORAGES or not storage.initialized:
         return False
@@ -261,18 +243,11 @@ class ChunkedSave:
         self.store = store
         self._marks = marks  # this save's staged paths, kept from other cleanups until it ends
 
-    @property
-    def changed_bytes(self) -> int:
-        """Bytes of the changed rows this save writes."""
-        return int(self.content["changed_bytes"])
-
     def finish(self) -> tuple[str, dict[str, Any]]:
         """Write the chunks and the manifest, ``fsync``, rename the version; return it and its manifest.
 
-        Safe in another thread than the one that trains: it reads only the copies
-        :func:`prepare_chunked_save` made. On failure nothing is published (the
-        staged version and the new chunks are removed, or left for
-        :func:`collect_garbage`) and the buffer's next save builds on its previous one.
+        Safe in another thread: it reads only :func:`prepare_chunked_save`'s copies. On failure
+        nothing is published and the next save builds on the previous one.
         """
         records = dict(self._on_disk)
         try:
@@ -353,14 +328,9 @@ def prepare_chunked_save(
 ) -> ChunkedSave:
     """Copy what changed since the buffer's last chunked save into ``directory``; the rest is :meth:`ChunkedSave.finish`.
 
-    ``directory``: the version directory's parent (``<dir>/<ckpt>.buffer``); the chunks go
-    to ``<dir>/buffer-chunks``. The rows written since the buffer's last chunked save
-    into the same store are copied (in memory, or for more than a quarter of the
-    capacity straight into their chunk files); without such a save, or when it cannot
-    be trusted (see :func:`chunked_save_supported` and the writer checks), every row is.
-    Sampler, writer and generator state and ``pending_batches`` are written to the
-    staged version directory here, so the buffer may change as soon as this returns
-    (a process sharing the buffer's writes waits until then).
+    ``directory``: ``<dir>/<ckpt>.buffer``; chunks go to ``<dir>/buffer-chunks``. Without a
+    trusted previous save every row is copied. The small state is written here, so the
+    buffer may change as soon as this returns.
     """
     with torchrl_compat.writes_held(replay_buffer):
         return _prepare_chunked_save(
@@ -468,11 +438,7 @@ def check_chunk_files(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def load_chunked_rows(replay_buffer: ReplayBuffer, root: Path, manifest: dict[str, Any]) -> None:
-    """Replace ``replay_buffer``'s content with a chunked save (verified already).
-
-    The buffer remembers the save: its next chunked save into the same store writes
-    only the rows written after this one.
-    """
+    """Replace ``replay_buffer``'s content with a chunked save (verified already); its next save writes only newer rows."""
     storage = replay_buffer.storage
     store = chunk_store_of(root)
     opened: dict[str, TensorDictBase] = {}
@@ -523,12 +489,7 @@ def _tensor_layout(
 def _open_chunk(
     root: Path, layout: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]] | None
 ) -> TensorDictBase:
-    """A chunk's rows mapped from its files (verified already), without TensorDict's metadata.
-
-    Every chunk of a save holds the same columns, so after the first (read by
-    ``TensorDict.load_memmap``) the others are mapped straight from their ``.memmap``
-    files: reading each one's JSON metadata cost more than copying its rows.
-    """
+    """A chunk's rows mapped from its files (verified already); after the first chunk the ``.memmap`` files are mapped straight (reading each one's JSON metadata cost more than copying)."""
     if layout is None:
         return TensorDict.load_memmap(root, allow_pickle=False)
     leaves = {}
@@ -549,11 +510,8 @@ def _open_chunk(
 def collect_garbage(store: str | os.PathLike, version_dirs: Iterable[Path]) -> list[str]:
     """Delete the chunks of ``store`` that no manifest of ``version_dirs`` and no live buffer uses.
 
-    ``version_dirs``: every published version directory whose checkpoint is kept. The
-    chunks of a save of this process still under way (``<chunk>.tmp``, or renamed but not
-    yet listed) are kept; those of another process's live save are not, so call it only
-    while no other process saves into ``store``. A
-    manifest that cannot be read stops the collection (nothing is deleted). Returns
+    This process's saves under way are kept, another process's are not: call it only while
+    no other process saves into ``store``. An unreadable manifest deletes nothing. Returns
     the names deleted.
     """
     store = Path(store)

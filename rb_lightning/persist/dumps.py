@@ -1,26 +1,8 @@
 """A replay buffer to a dump directory and back: :func:`dump_buffer` and :func:`load_dump`.
 
-A dump is a directory of memory-mapped tensors (``.memmap``) and JSON, never a
-pickle, with a ``manifest.json`` (:mod:`rb_lightning.persist.manifest`).
-How the items are written depends on the storage (:mod:`rb_lightning.persist.layouts`).
-Loading verifies the dump before the buffer is touched, refuses a directory
-holding any other file (it could run code when read) and refuses a buffer
-built differently from the saved one, each with a :class:`BufferCheckpointError`
-that names the path, the file and the fix.
-
-Examples:
-    >>> import tempfile
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
-    >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     _ = dump_buffer(rb, f"{tmp}/buf")
-    ...     restored = ReplayBuffer(storage=LazyTensorStorage(10))
-    ...     _ = load_dump(restored, f"{tmp}/buf")
-    >>> restored[:]["x"].tolist(), restored.write_count
-    ([0, 1, 2, 3], 4)
+Loading verifies the dump before the buffer is touched and refuses a directory holding any
+other file or a buffer built differently, each with a :class:`BufferCheckpointError` that
+names the path, the file and the fix.
 """
 
 from __future__ import annotations
@@ -102,28 +84,18 @@ def dump_buffer(
 ) -> dict[str, Any]:
     """Write ``replay_buffer`` to the new directory ``path`` and return its manifest.
 
-    Only memory-mapped tensors and JSON are written, never a pickle, so loading
-    runs no code from the files: a tensor storage that has not wrapped writes
-    its filled rows (:func:`writes_filled_rows_only`), a full one its whole
-    storage through the storage's checkpointer; a ``ListStorage`` one
-    memory-mapped TensorDict per item; sampler and writer through their own
-    ``dumps`` (JSON and memmaps), the generator state as a memmapped tensor.
+    Only memory-mapped tensors and JSON are written, never a pickle, so loading runs no code
+    from the files. Checksums are taken from the bytes being written; files are ``fsync``-ed
+    by :func:`~rb_lightning.checkpoint.write_version`, not here.
 
     Args:
         replay_buffer: The buffer to save.
         path: A directory that must not exist yet.
 
     Keyword Args:
-        pending_batches: Batches already sampled but not yet consumed by training
-            (TensorDicts), saved so a resumed run hands them out first.
+        pending_batches: Batches sampled but not yet trained on, handed out first on resume.
         extra: JSON-serialisable values recorded in the manifest.
-        checksums: Record an ``xxh3_64`` checksum of every file (default). ``False``
-            records sizes only (a baseline for measuring what checksums cost).
-
-    The checksums of the data are taken from the bytes being written (a storage
-    must not be written by another thread during a save: the dump would be torn
-    anyway; a process sharing the buffer's writes waits for the dump). Files are not ``fsync``-ed here; :func:`~rb_lightning.checkpoint.write_version`
-    does it.
+        checksums: Record an ``xxh3_64`` checksum of every file (default); ``False``: sizes only.
 
     Examples:
         >>> import tempfile

@@ -1,30 +1,13 @@
 """Resuming per-rank buffers on another number of ranks: every saved item on exactly one rank.
 
-A DDP run saves one dump per rank (``<ckpt>.buffer/<version>/rank<r>``), a single
-process one dump. Resumed with the same number of processes, each rank restores
-its own (:func:`~rb_lightning.buffers.state.restore_buffer_state`). Resumed with
-another number (decided once, by :func:`plan_redistribution`), :func:`restore_share`
-runs on every rank instead: it reads every
-saved dump and keeps its share of their union, so each saved item (and its
-priority) lands on exactly one rank and the ranks' shares differ by one item at most.
-
-Which rank takes which item (:func:`dealt_items`) is a function of the saved
-lengths and the new world size only, so every rank computes the same split
-without talking to the others:
-
-* the union is put oldest first: each saved rank's items in write order, the saved
-  ranks' newest items aligned (item ``j`` of ``n`` sits at age ``n - 1 - j``), ties
-  by saved rank;
-* item ``i`` of that order goes to rank ``i % world_size``, which writes its share
-  oldest first: later writes overwrite the oldest items, as they would have.
-
-The new buffers may be larger or smaller than the saved ones. When their total
-capacity cannot hold every saved item, the resume stops with a
-:class:`~rb_lightning.errors.BufferCheckpointError` before anything is loaded, or,
-with ``keep="newest"``, the oldest items of the union are dropped. The batches
-the saved ranks had read ahead are dropped (they belong to ranks that are gone)
-and each rank's generator is seeded from ``seed`` (:func:`elastic_seed`: the
-saved stream seed and position, the rank and the new world size).
+A DDP run saves one dump per rank. Resumed on another number of processes (decided once,
+by :func:`plan_redistribution`), every rank runs :func:`restore_share`: it reads every
+saved dump and keeps its share of their union. :func:`dealt_items` depends only on the
+saved lengths and the new world size, so the ranks agree without talking: the union is put
+oldest first (the saved ranks' newest items aligned, ties by saved rank) and item ``i``
+goes to rank ``i % world_size``, written oldest first. When the new buffers cannot hold
+every item the resume stops before loading anything (``keep="newest"`` drops the oldest).
+Read-ahead batches are dropped and each generator is seeded by :func:`elastic_seed`.
 
 Examples:
     >>> def dealt(rank):  # (saved rank, j-th oldest of that rank)
@@ -109,13 +92,7 @@ def check_resume_keep(keep: Any, argument: str = "resume_keep") -> ResumeKeep:
 
 @dataclass(frozen=True)
 class Redistribution:
-    """A restore that deals every saved rank's items out to ``world_size`` ranks anew.
-
-    Made once per resume, by :func:`plan_redistribution`, and handed to the
-    restore (:func:`restore_share`): rank ``rank`` of ``world_size`` keeps its
-    share, ``keep`` says what to do when the shares do not fit, and ``seed``
-    seeds the buffer's new generator.
-    """
+    """A restore that deals every saved rank's items out to ``world_size`` ranks anew (made once per resume by :func:`plan_redistribution`)."""
 
     rank: int
     world_size: int
@@ -133,11 +110,9 @@ def plan_redistribution(
 ) -> Redistribution | None:
     """The one decision of a resume: deal the saved items out anew, or restore each rank's own.
 
-    ``None`` when each rank restores its own dump: the record was saved by
-    ``world_size`` processes, or is not a buffer of this run's processes (a Ray
-    buffer's actor serves every process; a mixture is one process's). Otherwise
-    the :class:`Redistribution`, seeded from the saved ``stream`` position
-    (:func:`elastic_seed`).
+    ``None`` when each rank restores its own dump (the record was saved by ``world_size``
+    processes, or is a Ray buffer's or a mixture's); otherwise the :class:`Redistribution`,
+    seeded by :func:`elastic_seed`.
 
     Examples:
         >>> ranks = BufferRecord(kind="ranks", world_size=2)
@@ -208,15 +183,10 @@ def restore_share(
 ) -> list[Any]:
     """Replace ``replay_buffer``'s content with this rank's share of every saved buffer.
 
-    ``record``: a buffer saved by another number of processes than the
-    redistribution's ``world_size`` (see :func:`plan_redistribution`). Every dump is verified
-    (``verify``) and checked against ``replay_buffer``'s build (storage, sampler
-    and its settings, writer; the capacity may differ) before anything is loaded.
-    A ``PrioritizedSampler``'s priorities move with their items. Returns no
-    read-ahead batches: those of the saved ranks are dropped.
-
-    ``redistribution.keep``: ``"all"`` raises :class:`BufferCheckpointError` when the
-    ranks' buffers cannot hold every saved item; ``"newest"`` drops the oldest.
+    Every dump is verified and checked against ``replay_buffer``'s build (the capacity may
+    differ) before anything is loaded; priorities move with their items; the saved ranks'
+    read-ahead batches are dropped. ``redistribution.keep="all"`` raises
+    :class:`BufferCheckpointError` when the shares do not fit, ``"newest"`` drops the oldest.
 
     Examples:
         >>> from tensordict import TensorDict

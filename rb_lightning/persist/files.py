@@ -1,23 +1,9 @@
 """Putting dumps on disk safely: atomic versions, ``fsync``, disk-space checks, cleanup, packing.
 
-A dump becomes visible by one rename once it is complete and flushed to disk
-(:func:`write_version`, :func:`publish_version`), so a reader never finds a
-half-written one, even after a machine crash; :func:`remove_stale_versions`
-removes what a save that died left behind. :func:`check_disk_space` refuses a
-dump that would not fit before anything is written (a memory-mapped write that
-runs out of space kills the process with ``SIGBUS``). :func:`pack_directory`
-turns a dump into one tensor, to store it inside a Lightning ``.ckpt``.
-
-Examples:
-    >>> import tempfile
-    >>> root = Path(tempfile.mkdtemp())
-    >>> def dump(path):
-    ...     path.mkdir()
-    ...     (path / "data.json").write_text("{}")
-    ...     return {"len": 0}
-    >>> version, manifest = write_version(root, dump)
-    >>> [p.name for p in root.iterdir()] == [version], manifest
-    (True, {'len': 0})
+A dump becomes visible by one rename once complete and flushed (:func:`write_version`),
+so a reader never finds half of one, even after a crash; :func:`check_disk_space` refuses
+a dump that would not fit (a memory-mapped write out of space dies of ``SIGBUS``);
+:func:`pack_directory` turns a dump into one tensor for a ``.ckpt``.
 """
 
 from __future__ import annotations
@@ -71,10 +57,8 @@ def free_disk_bytes(path: str | os.PathLike) -> int:
 def check_disk_space(path: str | os.PathLike, nbytes: int, *, inline: bool) -> None:
     """Raise :class:`NotEnoughDiskSpaceError` unless ``path``'s filesystem fits ``nbytes`` + margin.
 
-    A memory-mapped dump that runs out of space does not fail with an error: the
-    process dies with ``SIGBUS``. Checking first turns that into a message.
-    ``inline``: the dump is staged in the temporary directory to be packed into
-    the ``.ckpt`` (the fix differs).
+    A memory-mapped dump out of space dies of ``SIGBUS``; this turns that into a message.
+    ``inline``: the dump is staged in the temporary directory (the fix differs).
     """
     needed = int(nbytes * (1 + _DISK_MARGIN_FRACTION)) + _DISK_MARGIN_BYTES
     free = free_disk_bytes(path)
@@ -120,11 +104,7 @@ def unpack_directory(archive: torch.Tensor, path: str | os.PathLike) -> None:
 def unpacked_directory(
     archive: torch.Tensor, checkpoint_path: str | os.PathLike | None
 ) -> Iterator[Path]:
-    """An archive of :func:`pack_directory`, unpacked in a temporary directory removed on exit.
-
-    The temporary directory means nothing to a user: an rb_lightning error raised
-    inside names ``checkpoint_path``, the file the archive came from, instead.
-    """
+    """An archive of :func:`pack_directory`, unpacked in a temporary directory removed on exit; errors inside name ``checkpoint_path`` instead."""
     with tempfile.TemporaryDirectory(prefix="rb_lightning-") as tmp:
         unpack_directory(archive, tmp)
         where = str(checkpoint_path) if checkpoint_path is not None else "the checkpoint"
@@ -155,12 +135,7 @@ def errors_naming(names: dict[str, str]) -> Iterator[None]:
 
 # -- atomic versions ---------------------------------------------------------------------------
 def sync_path(path: str | os.PathLike, *, recursive: bool = True) -> None:
-    """``fsync`` ``path``: a file, or a directory with (``recursive``) everything under it.
-
-    A rename makes a dump visible; without this, a machine that crashes right after
-    could keep the rename and lose the data behind it. Directories are synced too,
-    so that the entries of new files survive the crash as well.
-    """
+    """``fsync`` ``path``: a file, or a directory with (``recursive``) everything under it, so a rename survives a crash with its data."""
     root = Path(path)
     entries = [root]
     if recursive and root.is_dir():
@@ -178,15 +153,10 @@ def write_version(
 ) -> tuple[str, dict[str, Any]]:
     """Write one dump as the new version ``directory/<version>``, atomically; return both.
 
-    ``dump(path)`` writes the dump into ``path`` (it must not exist yet) and
-    returns its manifest. It runs on ``<version>.tmp``, which is flushed to disk
-    (:func:`sync_path`) and renamed to ``<version>`` once complete (one
-    ``os.replace`` on the same filesystem, then ``directory`` is synced), so a
-    reader never finds a half-written version, after a killed process or a
-    crashed machine; a failed dump is removed at once so it does not hold the
-    space. torchrl's ``Checkpoint.save`` stages and renames too, but replaces a
-    fixed path; versions here are new names, so an older version stays readable
-    until its ``.ckpt`` is replaced.
+    ``dump(path)`` writes into ``<version>.tmp`` and returns its manifest; the directory is
+    synced and renamed once complete, so a reader never finds half a version, even after a
+    crash; a failed dump is removed at once. Versions are new names, so an older one stays
+    readable until its ``.ckpt`` is replaced.
 
     Examples:
         >>> import tempfile
@@ -217,12 +187,7 @@ def write_version(
 
 
 def publish_version(staged: Path, directory: Path, version: str) -> Path:
-    """Move a complete dump ``staged`` (written elsewhere) to ``directory/<version>``.
-
-    One rename on the same filesystem; across filesystems a copy under
-    ``<version>.tmp`` first (synced), then the rename, so the version appears
-    complete or not at all. ``staged`` must already be synced (:func:`sync_path`).
-    """
+    """Move a complete, synced dump ``staged`` to ``directory/<version>``: one rename, or across filesystems a synced copy under ``.tmp`` first."""
     final = directory / version
     try:
         os.replace(staged, final)

@@ -1,25 +1,13 @@
-"""The layouts of a buffer dump, one class each, in one table keyed by the name the manifest records.
+"""The layouts of a buffer dump, one class each, keyed by the name the manifest records.
 
-A dump's *layout* is how its files hold the items (the manifest's ``"layout"``, one of
-:data:`~rb_lightning.persist.manifest.Layout`); a checkpoint's *kind* is where its
-buffer is (:class:`~rb_lightning.persist.record.BufferRecord`). Each layout saves a buffer's items (:meth:`DumpLayout.save`), checks that a
-buffer can take a saved dump before it is touched (:meth:`DumpLayout.verify`)
-and loads it (:meth:`DumpLayout.load`); sampler, writer and generator state go
-through :mod:`rb_lightning.persist.components`. Only tensors and JSON are
-written, never a pickle.
-
-* ``list_items``: a ``ListStorage``, one memory-mapped TensorDict per item;
-* ``empty_buffer``: no data yet, only writer, sampler and generator state;
-* ``filled_rows``: a tensor storage that has not wrapped writes rows ``[0, len)``
-  only, restored into a buffer of the saved capacity (checkpoints sized by content);
-* ``whole_storage``: any other tensor storage, written by its own checkpointer;
-* ``chunked_rows``: a tensor storage saved in chunks shared between checkpoints
-  (:mod:`rb_lightning.persist.chunks`, written by ``BufferCheckpointIO(incremental=True)``);
-* ``torchrl_dumps`` and ``remote_empty``: written by a Ray buffer's actor with
-  torchrl's ``dumps`` (:mod:`rb_lightning.distributed.ray_checkpoint`), read here too.
-
-:func:`layout_of` picks the layout a buffer is saved in (the first of :data:`LAYOUTS`
-that matches it), :func:`layout_named` the one a manifest names.
+A dump's *layout* is how its files hold the items; each layout saves a buffer's items,
+verifies that a buffer can take a dump before touching it, and loads it (only tensors and
+JSON, never a pickle). ``list_items``: a ``ListStorage``, one TensorDict per item;
+``empty_buffer``: state only; ``filled_rows``: rows ``[0, len)`` of a tensor storage that
+has not wrapped; ``whole_storage``: any other tensor storage; ``chunked_rows``: chunks
+shared between checkpoints (:mod:`rb_lightning.persist.chunks`); ``torchrl_dumps`` and
+``remote_empty``: written by a Ray buffer's actor. :func:`layout_of` picks a buffer's
+layout, :func:`layout_named` the one a manifest names.
 
 Examples:
     >>> import torch
@@ -182,11 +170,8 @@ class EmptyBuffer(DumpLayout):
 def writes_filled_rows_only(replay_buffer: ReplayBuffer) -> bool:
     """Whether a dump of ``replay_buffer`` holds only its filled rows (layout ``filled_rows``).
 
-    True for a ``TensorStorage`` / ``LazyTensorStorage`` / ``LazyMemmapStorage``
-    with one storage dimension that holds data and has not wrapped
-    (``0 < len < max_size``), keeps torchrl's default storage checkpointer, and
-    whose buffer has no prefetch queue and no stateful transform (those are
-    written by torchrl's ``dumps`` only). Everything else is written whole.
+    A 1-D tensor storage that has not wrapped (``0 < len < max_size``), with torchrl's default
+    checkpointer and no prefetch queue or stateful transform; everything else is written whole.
     """
     storage = replay_buffer.storage
     if type(storage) not in _ROW_STORAGES or not storage.initialized:
@@ -290,11 +275,7 @@ class WholeStorage(DumpLayout):
 
 
 class ChunkedRows(DumpLayout):
-    """A tensor storage saved in chunks shared between checkpoints (:mod:`~rb_lightning.persist.chunks`).
-
-    Never picked by :func:`layout_of`: :func:`~rb_lightning.persist.chunks.prepare_chunked_save`
-    writes it; read here like any other dump.
-    """
+    """A tensor storage saved in chunks shared between checkpoints; written by :func:`~rb_lightning.persist.chunks.prepare_chunked_save`, never picked by :func:`layout_of`."""
 
     name = "chunked_rows"
 

@@ -1,16 +1,10 @@
 """The manifest of a buffer dump: what it records, how it is written, read and verified.
 
-Every dump directory holds a ``manifest.json``: the format version, the
-dump's :data:`Layout` (:mod:`rb_lightning.persist.layouts`), the item count and ``write_count``,
-how the buffer was built, and the size and xxHash (``xxh3_64``) checksum of
-every other file. Checksums of the data are taken from the bytes as they are
-written (:class:`Digests`), not by reading the files back. :func:`read_manifest`
-verifies a dump before anything is loaded (``verify``: ``"full"``, ``"size"`` or
-``"none"``), and :func:`check_plain_files` refuses a directory holding any file
-that could run code when read.
-
-The format is version 1 until rb_lightning's first release; a dump of an
-earlier, unreleased layout is refused with an error saying so.
+``manifest.json`` holds the format version, the dump's :data:`Layout`, ``len`` and
+``write_count``, how the buffer was built, and each file's size and ``xxh3_64`` checksum,
+taken from the bytes as they are written (:class:`Digests`). :func:`read_manifest` verifies
+a dump before anything is loaded; :func:`check_plain_files` refuses a file that could run
+code when read. A dump of an earlier, unreleased format is refused with an error saying so.
 
 Examples:
     >>> import tempfile
@@ -128,11 +122,7 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
 
 
 def _file_digest(path: Path) -> str:
-    """``xxh3_64`` of a file's bytes, hashed through read-only mappings of a window at a time.
-
-    Mapped (with ``MAP_POPULATE`` where there is one: pages of the page cache are
-    mapped in one call) rather than read into a buffer: no copy, about 3x faster.
-    """
+    """``xxh3_64`` of a file's bytes through read-only mappings (``MAP_POPULATE`` where there is one), ~3x faster than reading."""
     digest = xxhash.xxh3_64()
     size = path.stat().st_size
     with open(path, "rb") as file:
@@ -156,12 +146,9 @@ def _map_read_only(descriptor: int, length: int, offset: int) -> mmap.mmap:
 class Digests(dict[str, str]):
     """Checksums of dump files, by path relative to the dump root, taken as they are written.
 
-    ``add_written``: a TensorDict that ``TensorDict.memmap`` just wrote; each leaf maps
-    its own file, so the digest is of the bytes in the file's pages, through the mapping
-    that wrote them (no second read of the file). ``add_source``: a TensorDict that
-    torchrl's checkpointer is writing under ``prefix`` (``key.memmap`` per leaf); the
-    digest is of the bytes it copies. Files not covered here (JSON, sampler and writer
-    state) are small and hashed from disk when the manifest is written.
+    ``add_written``: a TensorDict ``memmap`` just wrote, hashed through the mapping that wrote
+    it; ``add_source``: a TensorDict torchrl's checkpointer writes under ``prefix``. Small files
+    (JSON, sampler and writer state) are hashed from disk with the manifest.
     """
 
     def __init__(self, root: Path) -> None:
@@ -205,12 +192,7 @@ def _files(root: Path) -> dict[str, int]:
 def write_manifest(
     root: Path, content: dict[str, Any], digests: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Write ``manifest.json``: ``content``, the size and checksum of every file; return it.
-
-    ``digests``: checksums taken while the files were written (:class:`Digests`;
-    the files it does not cover are hashed from disk), or ``None`` for a dump
-    recorded by size only (``dump_buffer(checksums=False)``).
-    """
+    """Write ``manifest.json``: ``content``, the size and checksum of every file; return it (``digests=None``: sizes only)."""
     files = _files(root)
     content = dict(content)
     content["format"] = FORMAT_VERSION
@@ -273,11 +255,10 @@ def _corrupted(root: Path, name: str, problem: str) -> BufferCheckpointError:
 
 
 def read_manifest(path: str | os.PathLike, *, verify: Verify = "full") -> dict[str, Any]:
-    """Read and verify the manifest of a buffer dump; raise :class:`BufferCheckpointError`.
+    """Read and verify a dump's manifest; raise :class:`BufferCheckpointError`.
 
-    ``verify``: ``"full"`` (default) checks the size and the checksum of every
-    file, ``"size"`` the sizes only, ``"none"`` nothing but a readable manifest
-    of this format.
+    ``verify``: ``"full"`` (default) sizes and checksums, ``"size"`` sizes, ``"none"`` only a
+    readable manifest of this format.
     """
     root = Path(path)
     if root.is_file():
@@ -353,12 +334,7 @@ def _chunk_files(root: Path, manifest: dict[str, Any]) -> dict[str, tuple[Path, 
 
 
 def check_plain_files(root: Path, *, written: bool = False) -> None:
-    """Raise unless every file under ``root`` is JSON, a raw memmap or a weights-only file.
-
-    ``written``: checking a dump just made (a non-tensor value that only pickle can
-    store; the dump is removed), rather than one about to be read (a file that
-    could run code).
-    """
+    """Raise unless every file under ``root`` is JSON, a raw memmap or a weights-only file (``written``: a dump just made, removed on failure)."""
     for file in sorted(root.rglob("*")):
         if not file.is_file() or file.suffix in _SAFE_SUFFIXES:
             continue

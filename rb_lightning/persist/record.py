@@ -1,26 +1,12 @@
 """The one record of a saved buffer's state: what a checkpoint holds for its buffer, by kind.
 
-A DataModule's checkpoint stores, under ``"buffer"``, a :class:`BufferRecord`
-as a plain dict (:meth:`BufferRecord.to_dict`: tensors, numbers and strings, so
-``torch.load(weights_only=True)`` reads it). Every module that reads a saved
-buffer asks the record (:meth:`BufferRecord.from_dict`) what kind it is,
-where its dumps are (:func:`record_dumps`) and how many ranks saved it; none
-reads the dict's keys itself.
-
-========== =================================================================
-kind       what the checkpoint holds
-========== =================================================================
-inline     one buffer's dump, packed into the ``.ckpt`` (``archive``)
-beside     one buffer's dump in ``<ckpt>.buffer/<version>``
-ranks      one dump per DDP rank in ``<ckpt>.buffer/<version>/rank<r>``
-actor      a Ray buffer's dump, written by its actor, beside the ``.ckpt``
-shards     a sharded Ray buffer's dumps, one per shard, beside the ``.ckpt``
-elsewhere  nothing: the buffer is in another rank's checkpoint (rank 0's)
-mixture    one record per member of a ``BufferMixture``, and its generator
-========== =================================================================
-
-A checkpoint written by a pre-release format (a dict tagged ``"location"``) is
-refused with a :class:`~rb_lightning.errors.BufferCheckpointError`.
+A DataModule's checkpoint stores a :class:`BufferRecord` under ``"buffer"`` as a plain dict
+(read by ``torch.load(weights_only=True)``); every reader asks the record its kind, where
+its dumps are (:func:`record_dumps`) and how many ranks saved it. Kinds: ``inline`` (in
+the ``.ckpt``), ``beside`` (``<ckpt>.buffer/<version>``), ``ranks`` (one dump per DDP rank),
+``actor`` (a Ray buffer's, by its actor), ``shards`` (one per shard), ``elsewhere`` (in rank
+0's checkpoint) and ``mixture`` (one record per member). A pre-release checkpoint (a dict
+tagged ``"location"``) is refused with a :class:`~rb_lightning.errors.BufferCheckpointError`.
 
 Examples:
     >>> record = BufferRecord(kind="beside", len=3, write_count=3, dir="last.ckpt.buffer",
@@ -248,10 +234,8 @@ def mixture_record(
 ) -> dict[str, Any]:
     """The record of a mixture as the checkpoint stores it, in source-id order.
 
-    ``members``: each member's stored record; at save time a member too large for
-    the ``.ckpt`` is still a dump request, which ``BufferCheckpointIO`` replaces
-    by its record in place. ``composition``: the mixture's fractions or weights as
-    given, which a resume must match.
+    ``members``: each member's record (a dump request at save time, replaced in place by
+    ``BufferCheckpointIO``); ``composition``: the fractions or weights a resume must match.
     """
     saved: dict[str, Any] = {
         "record": RECORD_VERSION,
@@ -316,10 +300,8 @@ def record_dumps(
 ) -> Iterator[dict[str, Path]]:
     """The dump directories a record holds, by name: the one map of a record to its files.
 
-    ``{"": dir}`` for one buffer, ``{member: dir}`` for a mixture (in source-id
-    order), ``{"rank0": dir, ...}`` for per-rank dumps. An ``inline`` dump is
-    unpacked into a temporary directory, removed on exit; beside ones are read in
-    place. ``elsewhere`` holds none (``{}``).
+    ``{"": dir}`` for one buffer, ``{member: dir}`` for a mixture, ``{"rank0": dir, ...}`` per
+    rank, ``{}`` for ``elsewhere``; an ``inline`` dump is unpacked into a temporary directory.
     """
     with contextlib.ExitStack() as stack:
         if record.is_mixture:
@@ -351,11 +333,7 @@ def record_dumps(
 def resolve_records_in(
     checkpoint: MutableMapping[str, Any], checkpoint_path: str | os.PathLike
 ) -> None:
-    """Give each buffer record in a loaded checkpoint dict its dump directory, in place.
-
-    Resolved from the path the checkpoint was read from (a symlinked ``last.ckpt``
-    leads to the real file's directory), so a later restore needs no path.
-    """
+    """Give each buffer record in a loaded checkpoint dict its dump directory, in place (from the real path of the file read)."""
     for value in checkpoint.values():
         if not isinstance(value, MutableMapping):
             continue

@@ -116,12 +116,7 @@ _WRITTEN_AT_START = {"config.yaml", "hparams.yaml"}
 
 
 def remove_unstarted_run(run_dir: Path) -> bool:
-    """Remove ``run_dir`` if it holds only what a fit writes before its first step.
-
-    A fit that fails to start (a checkpoint that does not fit the config) would leave
-    ``version_<N>/config.yaml`` alone, and ``--ckpt_path last`` would then pick that
-    run, which has nothing to resume, over the earlier one that has.
-    """
+    """Remove ``run_dir`` if it holds only what a fit writes before its first step (else ``--ckpt_path last`` would pick a run with nothing to resume)."""
     if not run_dir.is_dir():
         return False
     entries = list(run_dir.iterdir())
@@ -210,11 +205,7 @@ _NOT_LIGHTNING = "torch.save wrote it, but not Lightning: it holds no model stat
 
 
 def _not_a_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a checkpoint, told from the file alone; ``None`` if it may be one.
-
-    Every checkpoint ``torch.save`` writes is a zip archive; the unpickler would fail on
-    anything else with an error that names neither the file nor the fix.
-    """
+    """Why ``path`` cannot be a checkpoint (not a zip archive, as ``torch.save`` writes), or ``None`` if it may be one."""
     if not path.is_file():
         return "no such file"
     if path.stat().st_size == 0:

@@ -42,11 +42,7 @@ EPISODE_RETURN_KEY = "episode_reward"
 def collection_env(
     env: str | EnvBase, num_envs: int = 1, env_kwargs: dict[str, Any] | None = None
 ) -> EnvBase:
-    """The collector's environment (a new one for a gymnasium id), with episode returns.
-
-    A module-level function so that ``functools.partial(collection_env, ...)`` can be
-    sent to a collector's worker process.
-    """
+    """The collector's environment (a new one for a gymnasium id), with episode returns; module-level so a ``partial`` of it reaches a worker process."""
     if isinstance(env, str):
         env = make_gym_env(env, num_envs=num_envs, **(env_kwargs or {}))
     if EPISODE_RETURN_KEY not in env.observation_spec.keys():
@@ -137,11 +133,9 @@ def n_step_transform(
 class StoredFrames:
     """What a collected batch becomes in the buffer, and the returns of the episodes it ends.
 
-    Called on each batch a collector delivers: hands the returns of the episodes that
-    end in it to ``on_returns``, then makes n-step transitions (``multi_step``), keeps
-    ``keys`` (all: ``None``) less ``exclude_keys``, and flattens it to rows. The same
-    object runs in the training process, or, as the collector's ``postproc``, in its
-    worker process (:meth:`reporting_to` gives it a way to send the returns back).
+    Hands the returns to ``on_returns``, makes n-step transitions, keeps ``keys`` less
+    ``exclude_keys`` and flattens to rows; runs in the training process or, as the
+    collector's ``postproc``, in its worker (:meth:`reporting_to`).
     """
 
     def __init__(

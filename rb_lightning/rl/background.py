@@ -1,23 +1,12 @@
 """Collection that runs beside training: a torchrl collector in a worker process or a thread.
 
-The environment steps and the acting policy run away from the training loop.
-
-* ``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one
-  worker process (real parallelism on CPU). Weights reach it through torchrl's
-  ``update_policy_weights_``; the worker collects its next batch while the trainer
-  uses the last one. Given ``write_into`` (a buffer torchrl can share,
-  :func:`~rb_lightning.torchrl_compat.can_share_writes`), the worker converts its
-  frames (``postproc``) and extends that buffer itself; the training process only
-  learns which rows are new (:mod:`rb_lightning.buffers.shared_writes`), and each batch
-  arrives as :class:`WrittenRows`. Otherwise the frames come back through a small
-  queue and the training process writes them.
-* ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`, iterated by a
-  thread of the training process (no start-up cost; shares the GIL with training); the
-  training process writes the frames.
-
-Every frame carries the policy version of the weights that acted: the acting policy
-is followed by a :class:`VersionStamp` whose ``version`` buffer travels with the
-weights, so a frame collected just before a weight update keeps the old version.
+``mode="process"``: torchrl's :class:`~torchrl.collectors.AsyncCollector`, one worker
+process; weights reach it through ``update_policy_weights_``. Given ``write_into`` (a
+buffer torchrl can share) the worker extends it itself and each batch arrives as
+:class:`WrittenRows` (:mod:`rb_lightning.buffers.shared_writes`); otherwise frames come back
+through a small queue. ``mode="thread"``: torchrl's :class:`~torchrl.collectors.Collector`
+iterated by a thread (no start-up cost; shares the GIL). Every frame carries the version
+of the weights that acted (:class:`VersionStamp` travels with the weights).
 
 Examples:
     >>> import torch
@@ -76,11 +65,7 @@ CollectionMode = Literal["process", "thread"]
 
 @dataclass(frozen=True)
 class WrittenRows:
-    """A delivery of rows the worker process wrote into the buffer itself.
-
-    ``index``: their storage indices (already handed to the buffer's sampler);
-    ``returns``: the returns of the episodes their frames finished.
-    """
+    """A delivery of rows the worker wrote itself: ``index`` (storage indices, already given to the sampler) and the ``returns`` of episodes they finished."""
 
     index: torch.Tensor
     returns: list[float]
@@ -128,31 +113,26 @@ class BackgroundCollection:
     """Run ``policy`` in ``make_env()`` beside training; hand back what it collected.
 
     Args:
-        make_env: Builds the environment (a picklable callable in ``"process"`` mode).
-        policy: The acting policy, stamped (:func:`with_version_stamp`). In
-            ``"thread"`` mode it is copied, so that training never changes the
-            weights in the middle of a rollout.
+        make_env: Builds the environment (picklable in ``"process"`` mode).
+        policy: The acting policy, stamped (:func:`with_version_stamp`); copied in
+            ``"thread"`` mode, so training never changes weights mid-rollout.
         frames_per_batch: Frames per delivered batch.
         mode: ``"process"`` or ``"thread"``.
         seed: Seed of the environment.
         version: The policy version of the weights ``policy`` holds now.
         max_frames_per_traj: As torchrl's collectors.
-        before_next: Called before each batch with a callable counting the frames
-            that would then be pending (delivered and not yet stored, plus one) and
-            the stop event; it may block until either allows (the rate limiter's
-            ``wait_for_insert``).
+        before_next: Called before each batch with a count of pending frames and the stop
+            event; may block (the rate limiter's ``wait_for_insert``).
         on_stored: Called after each batch was stored (the rate limiter's ``wake``).
         start_method: How ``"process"`` mode starts its worker (:func:`check_start_method`).
-        start_timeout: Seconds ``"process"`` mode waits for its worker to start; then the
-            worker is killed and :class:`~rb_lightning.errors.CollectorError` raised.
-        write_into: ``"process"`` mode: the buffer the worker extends itself, with its
-            frames converted by ``postproc``, when torchrl can share it
-            (:func:`~rb_lightning.torchrl_compat.can_share_writes`); deliveries are then
-            :class:`WrittenRows`. Otherwise (and in ``"thread"`` mode) deliveries are
-            the collected frames, for the caller to write.
+        start_timeout: Seconds to wait for the worker to start before killing it and raising
+            :class:`~rb_lightning.errors.CollectorError`.
+        write_into: ``"process"`` mode: a buffer the worker extends itself (converted by
+            ``postproc``) when torchrl can share it; deliveries are then :class:`WrittenRows`,
+            otherwise the frames, for the caller to write.
         postproc: What a batch becomes in ``write_into`` (the worker runs it).
-        rows_learned: The ``write_count`` of ``write_into`` the trainer had learned
-            (a resumed run learns the rest first); ``None``: all of it.
+        rows_learned: The ``write_count`` of ``write_into`` the trainer had learned (a resumed
+            run learns the rest first); ``None``: all of it.
     """
 
     def __init__(
@@ -310,9 +290,9 @@ class BackgroundCollection:
     def sync(self, version: int) -> None:
         """Hand the policy's current weights, stamped with ``version``, to the collector.
 
-        A copy is taken now; the collecting thread sends it before its next batch
-        (torchrl's ``update_policy_weights_`` waits for the worker's acknowledgement,
-        which the training loop should not), and a newer copy replaces an unsent one.
+        The collecting thread sends the copy before its next batch (torchrl's
+        ``update_policy_weights_`` waits for the worker, the training loop should not); a newer
+        copy replaces an unsent one.
         """
         set_stamped_version(self._source_policy, version)
         self._weights = TensorDict.from_module(self._source_policy).clone()
@@ -427,11 +407,7 @@ class BackgroundCollection:
             ) from failure
 
     def close(self) -> None:
-        """Stop collecting; join the thread and the worker process (idempotent).
-
-        Rows the worker wrote after the last :meth:`ready` stay unlearned (a checkpoint
-        saved them with the count learned, and a resumed run learns them first).
-        """
+        """Stop collecting; join the thread and the worker process (idempotent); unlearned rows are learned on resume."""
         self._stop.set()
         while True:  # free a feeder blocked on a full queue
             try:

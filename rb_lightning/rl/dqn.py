@@ -25,17 +25,11 @@ _TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 class DQN(EvaluatesEpisodes, LightningModule):
     """Deep Q-Network with a target network, epsilon-greedy acting and optional Double DQN.
 
-    Batches are torchrl transitions: ``observation``, ``action`` (integer),
-    ``("next", "reward")``, ``("next", "terminated")``, ``("next", "observation")``.
-    Truncated episodes bootstrap from the next state; only ``terminated`` stops it.
-    With a ``PrioritizedSampler`` (the batch carries ``"priority_weight"``) the
-    loss is importance-weighted and ``|TD error|`` is written back as the new
-    priority through ``trainer.datamodule.update_priority``.
-
-    Pair it with :class:`~rb_lightning.rl.OnlineCollector`, which acts with
-    :meth:`collection_policy`. The Huber (smooth L1) loss already bounds each
-    item's gradient (``td_loss="mse"`` trades that bound for the plain squared
-    error); the Trainer's ``gradient_clip_val`` clips further if wanted.
+    Batches are torchrl transitions (``observation``, ``action``, ``("next", "reward" |
+    "terminated" | "observation")``); only ``terminated`` stops the bootstrap. With a
+    ``PrioritizedSampler`` the loss is importance-weighted and ``|TD error|`` goes back as the
+    priority through ``trainer.datamodule.update_priority``. Pair it with
+    :class:`~rb_lightning.rl.OnlineCollector`, which acts with :meth:`collection_policy`.
 
     Args:
         observation_size: Length of the flat observation vector.
@@ -43,27 +37,21 @@ class DQN(EvaluatesEpisodes, LightningModule):
 
     Keyword Args:
         hidden_sizes: Widths of the Q-network's hidden layers.
-        activation: Activation between hidden layers: ``"tanh"`` (torchrl's
-            ``MLP`` default) or ``"relu"``. A name, not a class, so the
-            hyperparameters in a checkpoint stay plain data.
-        td_loss: Loss on the TD error, per item before the importance weights:
-            ``"huber"`` (smooth L1, bounded gradients) or ``"mse"`` (what
-            Lightning's DQN template uses; with a small ReLU network and a high
-            learning rate it learns CartPole where Huber does not).
+        activation: ``"tanh"`` (torchrl's ``MLP`` default) or ``"relu"`` (a name, so the
+            checkpoint's hyperparameters stay plain data).
+        td_loss: Loss on the TD error: ``"huber"`` (bounded gradients) or ``"mse"`` (Lightning's
+            DQN template; learns CartPole with a small ReLU network and a high learning rate).
         lr: Adam learning rate.
         gamma: Discount factor.
         target_update_interval: Update the target network every this many steps.
-        tau: Target update rate: ``target = tau * online + (1 - tau) * target``
-            (``1.0``: hard copy).
-        double_dqn: Pick the next action with the online network, value it with
-            the target network.
+        tau: ``target = tau * online + (1 - tau) * target`` (``1.0``: hard copy).
+        double_dqn: Pick the next action with the online network, value it with the target.
         eps_start: Exploration rate at the first training step.
         eps_end: Exploration rate after ``eps_decay_steps`` training steps.
         eps_decay_steps: Training steps of linear epsilon decay.
         observation_key: Observation key in the batch and the environment.
-        evaluation: How ``validate``/``test`` score the policy (greedy seeded
-            episodes, :class:`~rb_lightning.rl.Evaluation`); default: 10 episodes
-            in the ``OnlineCollector``'s environment.
+        evaluation: How ``validate``/``test`` score the policy
+            (:class:`~rb_lightning.rl.Evaluation`); default: 10 greedy episodes.
 
     Examples:
         >>> import torch

@@ -1,15 +1,9 @@
 """Greedy evaluation episodes: what ``validate`` and ``test`` mean for an RL module.
 
-An RL module has no held-out dataset; its score is the return of its policy.
-:class:`Evaluation` runs ``num_episodes`` seeded episodes with exploration
-switched off, one per batch of Lightning's validation/test loop, and logs the
-mean and standard deviation of their returns. :class:`EvaluatesEpisodes` is the
-mixin that wires it into a LightningModule's hooks; the module's
-``collection_policy()`` acts, under torchrl's deterministic exploration type
-(greedy for epsilon-greedy, the mode for a stochastic actor).
-
-``ReplayBufferDataModule(eval_from_model=True)`` hands Lightning the module's
-own ``val_dataloader``/``test_dataloader``, so from the command line::
+:class:`Evaluation` runs ``num_episodes`` seeded episodes with exploration off, one per
+batch of Lightning's validation/test loop, and logs the mean and standard deviation of
+their returns; :class:`EvaluatesEpisodes` wires it into a module's hooks. With
+``ReplayBufferDataModule(eval_from_model=True)``::
 
     python train.py test --config configs/cartpole_dqn.yaml --ckpt_path last
 """
@@ -167,13 +161,7 @@ class _PolicyModule(Protocol):
 
 
 class EvaluatesEpisodes:
-    """Mixin for an RL ``LightningModule``: ``validate``/``test`` run :class:`Evaluation`.
-
-    The module defines ``collection_policy()`` and sets ``self.evaluation``;
-    the mixin supplies ``val_dataloader``/``test_dataloader`` (episode seeds),
-    ``validation_step``/``test_step`` (one episode each) and logs
-    ``val_return``/``test_return`` (mean) and ``*_return_std`` at the end.
-    """
+    """Mixin for an RL ``LightningModule``: ``validate``/``test`` play :class:`Evaluation` episodes and log ``val_return``/``test_return`` and ``*_return_std``."""
 
     evaluation: Evaluation
 

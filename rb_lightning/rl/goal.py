@@ -1,12 +1,9 @@
 """``StopAtGoal``: stop when the policy *without exploration* reaches the goal, as ``test`` measures it.
 
-The return of the last training episodes is a lagging signal: with 16 environments and
-500-frame CartPole episodes, the last 10 episodes span some 2,500 training steps, and a DQN
-policy can collapse within them (a run resumed at step 4,352 stopped on a window of 487.8 and
-tested at 139.4). ``StopAtGoal`` uses that signal only as a trigger: when it reaches the
-goal at an epoch end, the module's :class:`~rb_lightning.rl.Evaluation` episodes are played
-(greedy, the validation seeds), and the run stops only if their mean reaches the goal too,
-as Stable-Baselines3's ``EvalCallback`` does.
+The return of the last training episodes lags (with 16 CartPoles they span ~2,500 steps, in
+which a DQN policy can collapse), so it only triggers the module's
+:class:`~rb_lightning.rl.Evaluation` episodes; the run stops if their mean reaches the goal
+too, as Stable-Baselines3's ``EvalCallback`` does.
 
 Examples:
     >>> goal = StopAtGoal(475.0)
@@ -30,16 +27,15 @@ __all__ = ["StopAtGoal"]
 class StopAtGoal(Callback):
     """Stop ``fit`` once the greedy evaluation episodes reach ``threshold``.
 
+    The module needs an ``evaluation`` (as DQN and SAC have); ``goal_return`` logs the last
+    evaluation's mean. Under DDP a rank at the goal makes every rank evaluate, so all stop
+    together.
+
     Args:
         threshold: The goal: a mean return of at least this (``mode="max"``).
         monitor: The logged training metric that triggers an evaluation when it reaches
             ``threshold`` (checked at each training epoch's end).
         mode: ``"max"`` (higher returns are better) or ``"min"``.
-
-    The module must have an ``evaluation`` (:class:`~rb_lightning.rl.Evaluation`), as
-    :class:`~rb_lightning.rl.DQN` and :class:`~rb_lightning.rl.SAC` do. Logged:
-    ``goal_return``, the mean of the last evaluation. Under DDP a rank at the goal makes
-    every rank evaluate (the same weights on the same seeds), so all stop together.
     """
 
     def __init__(self, threshold: float, monitor: str = "episode_return", mode: str = "max") -> None:

@@ -1,20 +1,15 @@
 """Save the offline CartPole transitions that the ``cartpole_dqn_offline_to_online`` config mixes in.
 
-    rb-lightning fit --config cartpole_dqn --seed_everything 100 \\
+    rb-lightning fit --config cartpole_dqn --seed_everything 100 \
         --trainer.logger.init_args.name=cartpole_demo_policy       # a policy that solves it
-    python -m rb_lightning.rl.make_cartpole_demos runs/cartpole_demos \\
+    python -m rb_lightning.rl.make_cartpole_demos runs/cartpole_demos \
         --checkpoint runs/cartpole_demo_policy/version_0/checkpoints/last.ckpt
     rb-lightning fit --config cartpole_dqn_offline_to_online
 
-Plays the checkpoint's DQN policy, epsilon-greedy (``--epsilon``, default 0.1, so
-the data also shows some recoveries), in ``--num-envs`` CartPoles with the same
-collector machinery and n-step transitions as ``OnlineCollector`` (torchrl's
-``Collector`` and ``MultiStep``, the config's ``n_steps: 3`` and ``gamma``), stores
-the keys DQN reads, and writes ``--frames`` transitions with ``ReplayBuffer.dumps``
-into a ``TensorDictReplayBuffer(LazyTensorStorage(--capacity))``: the config's
-``offline`` member, which must have the same ``max_size``. Without
-``--checkpoint`` the policy is an untrained DQN (fast, for tests: the data is then
-near-random). Nothing is downloaded.
+Plays the checkpoint's DQN policy epsilon-greedy (so the data shows some recoveries) with
+``OnlineCollector``'s n-step machinery and writes ``--frames`` transitions with
+``ReplayBuffer.dumps``: the config's ``offline`` member, of the same ``max_size``. Without
+``--checkpoint`` the policy is untrained (fast, for tests).
 """
 
 from __future__ import annotations

@@ -33,13 +33,7 @@ def rank_seed(seed: int | None, rank: int) -> int:
 
 
 class CollectionRandomness:
-    """torch's global random stream while collecting, swapped for one of its own.
-
-    Collection in the training process draws its exploration (epsilon, random warm-up
-    actions) from torch's global generator: inside :meth:`active` that generator holds
-    this stream's state, and training's is put back after. So ranks explore differently,
-    and training's own random draws do not depend on how much was collected.
-    """
+    """torch's global random stream while collecting, swapped for one of its own, so ranks explore differently and training's draws do not depend on how much was collected."""
 
     def __init__(self, seed: int) -> None:
         self.state = torch.Generator().manual_seed(seed).get_state()

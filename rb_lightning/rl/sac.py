@@ -23,16 +23,10 @@ from rb_lightning.validation import check_positive_int
 class SAC(EvaluatesEpisodes, LightningModule):
     """Soft actor-critic with twin Q-networks, target critics and a learned temperature.
 
-    One optimizer with three parameter groups (critics, actor, temperature) keeps
-    Lightning's automatic optimization and one ``global_step`` per batch: the
-    actor's loss reads the critics with their parameters frozen, and each loss
-    uses the other parts' values detached, so every group gets only its own
-    gradient.
-
-    Batches are torchrl transitions (``observation``, ``action``,
-    ``("next", "reward")``, ``("next", "terminated")``, ``("next", "observation")``).
-    Pair it with :class:`~rb_lightning.rl.OnlineCollector`, which acts with
-    :meth:`collection_policy` (a tanh-Gaussian sampled within the action bounds).
+    One optimizer with three parameter groups (critics, actor, temperature) keeps automatic
+    optimization and one ``global_step`` per batch; each loss reads the other parts detached,
+    so every group gets only its own gradient. Batches are torchrl transitions; pair it with
+    :class:`~rb_lightning.rl.OnlineCollector` (a tanh-Gaussian within the action bounds).
 
     Args:
         observation_size: Length of the flat observation vector.
@@ -50,9 +44,8 @@ class SAC(EvaluatesEpisodes, LightningModule):
         init_alpha: Initial temperature.
         target_entropy: Entropy the temperature steers towards; ``None``: ``-action_size``.
         observation_key: Observation key in the batch and the environment.
-        evaluation: How ``validate``/``test`` score the policy (greedy seeded
-            episodes, :class:`~rb_lightning.rl.Evaluation`); default: 10 episodes
-            in the ``OnlineCollector``'s environment.
+        evaluation: How ``validate``/``test`` score the policy
+            (:class:`~rb_lightning.rl.Evaluation`); default: 10 greedy episodes.
 
     Examples:
         >>> import torch

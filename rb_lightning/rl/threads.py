@@ -11,13 +11,9 @@ from rb_lightning.validation import check_positive_int
 class TorchThreads(Callback):
     """Set ``torch.set_num_threads`` while the Trainer runs, restore it afterwards.
 
-    Small RL networks gain little from intra-op threads, and on a shared or
-    oversubscribed CPU the extra OpenMP threads spin against the environment
-    and the other processes: a CartPole DQN step measured 5x slower with torch's
-    default thread count than with one thread on a busy 2-core machine, and the
-    Pendulum SAC (256x256 networks) ran at 2.6 it/s on two threads with one core
-    busy against 31 it/s on one. Two threads help only on an idle machine, so every
-    shipped config sets one.
+    Small RL networks gain little from intra-op threads, and on a busy CPU extra threads spin
+    against the environment (a CartPole DQN step measured 5x slower with torch's default on a
+    busy 2-core machine), so every shipped config sets one.
 
     Args:
         num_threads: Intra-op threads for the run.

@@ -64,12 +64,7 @@ def check_start_method(
 def start_worker(
     make_env: Callable[[], EnvBase], policy: TensorDictSequential, timeout: float, **options: Any
 ) -> AsyncCollector:
-    """torchrl's ``AsyncCollector``, or a :class:`CollectorError` if its worker is not up in time.
-
-    torchrl waits for a starting worker without a timeout (a worker that fails while
-    importing the main script never answers): the workers started here are killed after
-    ``timeout`` seconds, which ends that wait.
-    """
+    """torchrl's ``AsyncCollector``, or a :class:`CollectorError` if its worker is not up within ``timeout`` (torchrl itself waits forever)."""
     before = set(multiprocessing.active_children())
     late = threading.Event()
 

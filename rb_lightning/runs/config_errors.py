@@ -54,11 +54,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def parse_error(err: BaseException) -> ConfigError:
-    """Turn jsonargparse's chained parse error into the key at fault and the innermost reason.
-
-    jsonargparse chains one exception per nesting level ('Parser key "data":',
-    "Problem with given class_path 'X':", ...) down to the original error.
-    """
+    """Turn jsonargparse's chained parse error (one exception per nesting level) into the key at fault and the innermost reason."""
     parts: list[str] = []
     class_path: str | None = None
     previous = None

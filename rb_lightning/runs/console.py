@@ -46,12 +46,7 @@ after a subcommand prints its whole config. Docs: docs/cli.md.
 
 
 def answer_early(args: list[str]) -> None:
-    """Answer ``args`` (``sys.argv[1:]``) and exit, where no torch is needed; else return.
-
-    ``--help`` prints :func:`overview`, ``configs ...`` lists or copies the shipped
-    configs, and a mistake :func:`preflight.check` finds (or no subcommand at all)
-    is one paragraph and exit code 2.
-    """
+    """Answer ``args`` and exit where no torch is needed (``--help``, ``configs``, a :func:`preflight.check` mistake: exit 2); else return."""
     if args[:1] in (["-h"], ["--help"]):
         print(overview(program()), end="")
         raise SystemExit(0)

@@ -24,12 +24,7 @@ _NOT_CURVES = {"step", "epoch"}
 
 
 def read_metrics(csv_path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """Every metric of a ``CSVLogger`` file as ``(step, value)`` pairs, in step order.
-
-    Lightning writes one row per logging call with empty cells for the metrics
-    not logged then; those cells are skipped. A step logged twice (a run resumed
-    from a checkpoint older than its last log lines) keeps its last value.
-    """
+    """Every metric of a ``CSVLogger`` file as ``(step, value)`` pairs, in step order (empty cells skipped; a step logged twice keeps its last value)."""
     by_metric: dict[str, dict[int, float]] = {}
     with open(csv_path, newline="") as file:
         for row in csv.DictReader(file):

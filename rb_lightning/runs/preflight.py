@@ -1,11 +1,8 @@
 """What the command line checks before importing torch: the config files and the keys typed.
 
-Importing torch, Lightning and torchrl takes seconds. A missing or misspelt config
-file, YAML that does not parse, a misspelt top-level key (``trainr:``,
-``--trainr.max_steps``) and a ``fit`` without a config are known without them, so
-``rb-lightning`` and ``python train.py`` refuse those at once (:func:`check`). What
-takes a class to know (a Trainer argument, a model's parameter, a value's type) is
-left to the CLI proper (:mod:`rb_lightning.runs.config_errors`).
+A missing config file, YAML that does not parse, a misspelt top-level key and a ``fit``
+without a config are refused at once (:func:`check`); what needs a class to know is left
+to :mod:`rb_lightning.runs.config_errors`.
 
 Examples:
     >>> check(["fit", "--model=torch.nn.Linear"])  # nothing to refuse

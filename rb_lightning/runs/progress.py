@@ -1,21 +1,11 @@
 """``StepProgressBar``: a training bar that counts optimizer steps against ``max_steps``.
 
-A replay-buffer stream has no natural epoch: runs are bounded by ``max_steps``
-and their "epochs" (``limit_train_batches``) only set how often callbacks look.
-Lightning's bar restarts every epoch and reads ``Epoch 235/-2`` when
-``max_epochs=-1``; this one shows ``step 23,500/60,000`` and the logged metrics,
-without the logger's version number.
-
-Bars a log would keep as stale lines are not drawn: the sanity check's (two
-validation batches before training; an error there still surfaces), bars that
-open as ``Training: 0/?`` or ``Validation: 0/?`` before their total is known, and
-the nested validation bar inside ``fit`` (its cursor-up codes read as ``[A``
-lines where output is redirected; the step bar shows ``val_*`` when it ends).
-
-Where the output is a file or a pipe (CI, a cluster's job log), the training bar is a
-plain line every ``line_every_s`` seconds instead of carriage-return updates, and one at
-the end with the final values: ``step 1,200/60,000 (2%) | 118.3 steps/s | loss=0.12``
-(the rate counts this process's steps, so it holds across a resume).
+Lightning's bar restarts every epoch (``Epoch 235/-2``); this one shows ``step
+23,500/60,000`` and the logged metrics. Bars a log would keep as stale lines (sanity
+check, ``0/?`` bars, the nested validation bar) are not drawn. Into a file or a pipe the
+bar is a plain line every ``line_every_s`` seconds and one at the end:
+``step 1,200/60,000 (2%) | 118.3 steps/s | loss=0.12`` (this process's steps, so the rate
+holds across a resume).
 """
 
 from __future__ import annotations
@@ -34,30 +24,19 @@ __all__ = ["StepProgressBar", "progress_bars_lock_threads_only"]
 
 
 def progress_bars_lock_threads_only() -> None:
-    """Give tqdm a thread lock before its first bar, instead of its multiprocessing one.
-
-    tqdm's default lock holds a ``multiprocessing.RLock``, for bars drawn by processes
-    forked after it; under the spawn start method (torchrl's) that is a named semaphore,
-    ``/dev/shm/sem.mp-*``, one per process that draws a bar (every DDP rank makes one),
-    left there for good when the run is killed with its resource tracker. A run's bars
-    are drawn by its main process only. Leaves a lock tqdm already has alone.
-    """
+    """Give tqdm a thread lock before its first bar: its default ``multiprocessing.RLock`` is, under spawn, a named semaphore in ``/dev/shm`` that a killed run leaves behind."""
     if "_lock" not in vars(tqdm.std.tqdm):
         tqdm.std.tqdm.set_lock(threading.RLock())
 
 
 class StepProgressBar(TQDMProgressBar):
-    """``TQDMProgressBar`` whose training bar spans the whole run in optimizer steps.
-
-    With a finite ``max_steps`` the bar's total is ``max_steps`` and it does not
-    restart at epoch boundaries; otherwise it behaves like Lightning's bar.
+    """``TQDMProgressBar`` whose training bar spans the whole run in optimizer steps (with a finite ``max_steps``).
 
     Args:
         refresh_rate: As Lightning's ``TQDMProgressBar``.
         process_position: As Lightning's ``TQDMProgressBar``.
         leave: As Lightning's ``TQDMProgressBar``.
-        lines: Plain lines instead of a bar; ``None`` (default): when the standard
-            output is not a terminal.
+        lines: Plain lines instead of a bar; ``None`` (default): when stdout is not a terminal.
         line_every_s: Seconds between two lines.
 
     Examples:

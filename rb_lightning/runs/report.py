@@ -131,12 +131,7 @@ class RunReport(Callback):
 
 
 def _warn_never_logged(curves: list[str], trainer: Trainer, metrics_file: Path) -> None:
-    """Warn about requested curves that the run never logged (a panel and a number short).
-
-    Logged: in ``metrics.csv`` or passed to ``self.log``. A run shorter than
-    ``log_every_n_steps``, or than a validation interval given in steps, may not
-    have logged everything yet: no warning then.
-    """
+    """Warn about requested curves the run never logged (not for a run shorter than its logging or validation interval)."""
     every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's connectors, undeclared on Trainer
     val_every = trainer.val_check_interval
     if isinstance(val_every, int) and trainer.limit_val_batches != 0:

@@ -33,21 +33,12 @@ __all__ = [
 class RunLogger(CSVLogger):
     """Lightning's ``CSVLogger``, except that a run resumed in its own directory keeps its metrics.
 
-    ``CSVLogger`` deletes ``metrics.csv`` when it opens a directory that has one;
-    a run resumed with ``--ckpt_path last`` logs into the directory it started
-    in, so this logger keeps the file and appends to it. Rows at ``purge_step``
-    and after were logged by the earlier process after the checkpoint the run
-    resumes from (it was killed or interrupted later): they are dropped, since
-    the resumed run logs those steps again, so the file holds one history, as
-    TensorBoard's ``SummaryWriter(purge_step=...)`` does. The command line sets
-    ``purge_step`` to the step of the checkpoint it resumes.
-
-    The other arguments are ``lightning.pytorch.loggers.CSVLogger``'s (``save_dir``,
-    ``name``, ``version``, ...).
+    ``CSVLogger`` deletes an existing ``metrics.csv``; this one appends, dropping rows at
+    ``purge_step`` and after (the resumed run logs them again), as TensorBoard's
+    ``purge_step`` does. Other arguments are ``CSVLogger``'s.
 
     Args:
-        purge_step: Drop the kept rows whose ``step`` is at least this one
-            (``None``: keep them all).
+        purge_step: Drop the kept rows whose ``step`` is at least this one (``None``: keep all).
 
     Examples:
         >>> import tempfile
@@ -107,38 +98,19 @@ def _at_or_after(row: dict[str, str], step: int) -> bool:
 class FinalLastCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` holds the final step of a fit, and a Ctrl-C's step.
 
-    Lightning's writes ``last.ckpt`` on its schedule (``every_n_train_steps``...)
-    and at the end of training only if it never saved before, so a run that stops
-    between two scheduled saves (a goal reached at step 12,345 with saves every
-    1,000) would leave a ``last.ckpt`` of step 12,000 to ``test`` and to resume.
-    This one also writes it:
-
-    - at the end of the step that reaches ``max_steps``, and at the end of the
-      epoch in which the Trainer was told to stop (``EarlyStopping``), with the
-      loop state of a checkpoint taken on schedule at that point: extending the
-      run with a larger ``max_steps`` continues its steps, epochs and logged rows
-      as if it had never stopped (a checkpoint taken after ``fit`` ends holds a
-      finished loop, which Lightning resumes one epoch and one logged step on);
-    - on Ctrl-C (``save_on_interrupt``, one process): the step under way
-      finishes, ``last.ckpt`` is written at its end, and the run stops with
-      ``KeyboardInterrupt``. A second Ctrl-C before that stops at once and keeps
-      the previous ``last.ckpt``; one while the checkpoint is written is ignored.
-      Before the first step, Ctrl-C stops at once: there is nothing to keep.
-
-    The checkpoint records whether the run had finished (:func:`~rb_lightning.persist.run_dirs.read_run_checkpoint`),
-    so that ``--ckpt_path last`` does not write into a finished run unasked.
-
-    The other arguments are ``ModelCheckpoint``'s; ``save_last`` defaults to ``True``.
+    Lightning's writes ``last.ckpt`` on its schedule, so a run stopping between two saves
+    would leave an older one. This one also writes it at the step that reaches ``max_steps``
+    and at the end of the epoch the Trainer was told to stop in, with a scheduled
+    checkpoint's loop state (a larger ``max_steps`` continues as if it never stopped), and on
+    Ctrl-C after the step under way (a second Ctrl-C stops at once). The checkpoint records
+    whether the run had finished, so ``--ckpt_path last`` does not extend it unasked. The
+    other arguments are ``ModelCheckpoint``'s; ``save_last`` defaults to ``True``.
 
     Args:
-        save_on_interrupt: Write ``last.ckpt`` when Ctrl-C stops the run (see
-            above). Only on a single process, in the main thread, and where
-            Ctrl-C has Python's default handler; DDP ranks keep Lightning's
-            behaviour (the last scheduled checkpoint is what resumes).
-        enable_version_counter: As ``ModelCheckpoint``'s, but off: ``last.ckpt`` is
-            the run's one resume point and is rewritten, never joined by
-            ``last-v1.ckpt`` (which a resume whose checkpoint schedule changed
-            would otherwise start).
+        save_on_interrupt: Write ``last.ckpt`` when Ctrl-C stops the run (one process, main
+            thread, Python's default handler; DDP ranks keep Lightning's behaviour).
+        enable_version_counter: Off: ``last.ckpt`` is rewritten, never joined by
+            ``last-v1.ckpt``.
 
     Examples:
         >>> FinalLastCheckpoint(every_n_train_steps=1000).save_last

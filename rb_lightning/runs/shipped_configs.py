@@ -1,15 +1,9 @@
 """The configs shipped with the package, run by name: ``rb-lightning fit --config cartpole_dqn``.
 
-The YAML files of the repository's ``configs/`` folder are installed with the
-package (as ``rb_lightning/configs/``), so they run without a clone. A
-``--config`` value that is not an existing file and is a shipped config's name,
-with or without ``.yaml``, runs that config; your own file of the same name
-in the current folder wins. Relative paths inside a config (``runs/...``) are
-relative to the current folder, as in a clone.
-
-``rb-lightning configs`` lists the shipped configs and what each trains;
-``rb-lightning configs --copy cartpole_dqn my.yaml`` copies one out to edit and
-run with ``--config my.yaml``.
+``configs/`` installs as ``rb_lightning/configs/``. A ``--config`` value that is no existing
+file but a shipped config's name (with or without ``.yaml``) runs that config; relative
+paths inside it are relative to the current folder. ``rb-lightning configs`` lists them,
+``--copy NAME FILE`` copies one out to edit.
 
 Examples:
     >>> "cartpole_dqn" in names()

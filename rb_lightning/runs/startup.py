@@ -1,11 +1,8 @@
 """The start-up of ``rb-lightning`` and ``python train.py``: Ctrl-C before training, one line.
 
-Importing torch, Lightning and torchrl takes seconds, and parsing a config and
-building its objects starts nothing that needs stopping. Until a subcommand
-starts (:func:`hand_ctrl_c_to_the_trainer`), Ctrl-C ends the process at once
-with one line and the shell's code for it, 130 (a ``KeyboardInterrupt`` raised
-inside an import can surface as another library's error). This module imports
-nothing heavy, so it can guard the imports themselves.
+Until a subcommand starts (:func:`hand_ctrl_c_to_the_trainer`), Ctrl-C ends the process at
+once with one line and code 130 (a ``KeyboardInterrupt`` inside an import could surface as
+another library's error). Imports nothing heavy, so it can guard the imports themselves.
 
 Examples:
     >>> import signal

@@ -1,29 +1,20 @@
 """Where a replay buffer's data comes from before training: a saved directory or a function.
 
-A source is a small object with one method, :meth:`BufferSource.fill`, handed
-to :class:`~rb_lightning.ReplayBufferDataModule` as ``source=``; the DataModule
-calls it once, in ``setup``, before the first batch is drawn. Both sources
-check what they can at construction (the directory exists, the function
-imports), so a typo in a YAML config fails before any training starts.
-
-Data collected *during* fit is not a source: it comes from a collector
-callback under ``trainer.callbacks`` (see :mod:`rb_lightning.rl`).
+A source has one method, :meth:`BufferSource.fill`, called once by the DataModule in
+``setup``. Sources check what they can at construction, so a typo in a YAML config fails
+before training starts. Data collected during fit comes from a collector callback instead.
 
 Examples:
     >>> import tempfile
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-    >>> from rb_lightning.sources.buffer_sources import CallSource, LoadDirectory
-    >>>
     >>> saved = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> _ = saved.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
     >>> path = tempfile.mkdtemp()
     >>> saved.dumps(path)
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
     >>> LoadDirectory(path).fill(rb)
-    >>> len(rb)
-    4
     >>> more = TensorDict({"x": torch.arange(3)}, batch_size=[3])
     >>> CallSource("torchrl.data:ReplayBuffer.extend", kwargs={"data": more}).fill(rb)
     >>> len(rb)
@@ -59,23 +50,18 @@ class BufferSource(ABC):
 class LoadDirectory(BufferSource):
     """Load a buffer saved earlier with ``ReplayBuffer.dumps(path)``.
 
-    The receiving buffer must be built like the saved one (same storage kind
-    and capacity, same sampler kind): ``ReplayBuffer.loads`` restores storage,
-    sampler and writer state into it. String columns come back as saved (torchrl
-    0.14.1's ``loads`` alone gets them wrong; see
-    :func:`rb_lightning.torchrl_compat.restore_non_tensor_columns`).
+    The receiving buffer must be built like the saved one; string columns come back as saved
+    (torchrl 0.14.1's ``loads`` alone gets them wrong).
 
     Args:
         path: The directory ``dumps`` wrote.
 
     Keyword Args:
-        make_with: The command that writes this directory (e.g.
-            ``"python -m rb_lightning.rl.make_cartpole_demos runs/cartpole_demos"``), told to the
-            user when ``path`` does not exist.
+        make_with: The command that writes this directory, told to the user when ``path``
+            does not exist.
 
     Raises:
-        FileNotFoundError: At construction, when ``path`` is not a directory
-            written by ``ReplayBuffer.dumps``.
+        FileNotFoundError: At construction, when ``path`` is not a ``dumps`` directory.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, make_with: str | None = None) -> None:
@@ -111,11 +97,7 @@ class LoadDirectory(BufferSource):
             )
 
     def fill(self, replay_buffer: ReplayBuffer) -> None:
-        """Restore the saved storage, sampler and writer state into ``replay_buffer``.
-
-        Raises:
-            SourceError: When the directory does not match ``replay_buffer``.
-        """
+        """Restore the saved storage, sampler and writer state into ``replay_buffer``; :class:`SourceError` when they do not match."""
         saved = self.saved_capacity()
         capacity = getattr(replay_buffer.storage, "max_size", None)
         if saved is not None and isinstance(capacity, int) and saved != capacity:
@@ -160,10 +142,7 @@ class LoadDirectory(BufferSource):
 
 
 class CallSource(BufferSource):
-    """Call a Python function ``"package.module:function"`` with the buffer to fill it.
-
-    The function is called as ``function(replay_buffer, **kwargs)``; what it
-    returns is ignored.
+    """Call ``function(replay_buffer, **kwargs)`` to fill the buffer (its return value is ignored).
 
     Args:
         function: ``"package.module:function"`` (``"package.module:Class.method"`` works too).
@@ -171,7 +150,7 @@ class CallSource(BufferSource):
 
     Raises:
         ValueError: At construction, when ``function`` is not ``"module:name"``.
-        ImportError: At construction, when the module cannot be imported or has no such name.
+        ImportError: At construction, when the module or the name cannot be imported.
         TypeError: At construction, when the name is not callable.
     """
 

@@ -1,15 +1,6 @@
-"""From a replay buffer to training batches.
-
-* :mod:`~rb_lightning.buffers.handles`: the buffer handle, chosen once per buffer
-  (one process, one per DDP rank, a Ray actor, a mixture);
-* :mod:`~rb_lightning.stream.sampling`: :class:`BufferStream`, the one object that
-  draws batches;
-* :mod:`~rb_lightning.stream.datasets`: the ``IterableDataset`` views of a stream;
-* :mod:`~rb_lightning.stream.loader` and :mod:`~rb_lightning.stream.state`: the
-  loader that hands batches to Lightning and the resumable stream position;
-* :mod:`~rb_lightning.stream.sharding`, :mod:`~rb_lightning.buffers.priorities`,
-  :mod:`~rb_lightning.stream.device_prefetch`: who samples, priority checks,
-  host-to-device copies.
+"""From a replay buffer to training batches: :class:`BufferStream` draws them
+(:mod:`~rb_lightning.stream.sampling`), the datasets and the loader serve them, and
+:mod:`~rb_lightning.stream.state` keeps the resumable position.
 """
 
 from __future__ import annotations

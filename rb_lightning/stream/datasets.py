@@ -109,11 +109,10 @@ class _SampledDataset(IterableDataset):
         )
 
     def as_hf_dataset(self, **options: Any) -> Any:
-        """This dataset as a Hugging Face dataset: ``to_hf_dataset(self, **options)``.
+        """This dataset as a Hugging Face dataset: ``to_hf_dataset(self, **options)`` (needs the ``hf`` extra).
 
-        The same buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size``
-        and ``wait_timeout``; ``options`` override them (``streaming=False`` for
-        a snapshot). Needs the ``hf`` extra.
+        Its buffer, ``batch_size``, ``keys``, ``num_batches``, ``min_size`` and ``wait_timeout``
+        are the defaults; ``options`` override them (``streaming=False``: a snapshot).
 
         Examples:
             >>> import torch
@@ -122,8 +121,7 @@ class _SampledDataset(IterableDataset):
             >>> from rb_lightning import ReplayBufferDataset
             >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
             >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
-            >>> ds = ReplayBufferDataset(rb, batch_size=4, num_batches=2).as_hf_dataset()
-            >>> len(list(ds))
+            >>> len(list(ReplayBufferDataset(rb, batch_size=4, num_batches=2).as_hf_dataset()))
             8
         """
         return exporters.export("hf", self, **options)
@@ -204,13 +202,10 @@ class _SampledDataset(IterableDataset):
     def _enter_epoch(self, shard: Shard, cursor: StreamCursor) -> tuple[int | None, int]:
         """Seed this copy for the cursor's epoch; return (batches to yield, batches to redraw).
 
-        A worker's stream is a function of (stream seed, epoch, rank, role), so a
-        resumed epoch is rebuilt by redrawing what was consumed before the
-        checkpoint. Torch hands batches out round-robin starting at worker 0, so
-        after ``position`` consumed batches worker ``w`` plays role
-        ``(w + position) % num_workers``. In the training process the restored
-        buffer generator (and the read-ahead batches replayed before this
-        iterator) already continue the epoch: nothing is redrawn.
+        A worker's stream is a function of (stream seed, epoch, rank, role), so a resumed epoch
+        is rebuilt by redrawing what was consumed; torch deals batches round-robin from worker 0,
+        so after ``position`` batches worker ``w`` plays role ``(w + position) % num_workers``. The
+        training process's restored generator already continues the epoch: nothing is redrawn.
         """
         seed, epoch, position = cursor.read()
         if shard.worker_seed is not None:  # a DataLoader worker
@@ -252,57 +247,35 @@ class _SampledDataset(IterableDataset):
 class ReplayBufferDataset(_SampledDataset):
     """Per-item view of a replay buffer; drop-in for torchrl's ``TorchRLBufferDataset``.
 
-    Each sampling call draws ``batch_size`` items and yields them one by one as
-    flat ``dict[str, Any]``: nested keys become ``"key0.key1"``, strings
-    (``NonTensorData``) arrive as plain Python values, tensors lose the batch
-    dimension. With the same buffer and seed, the items equal the seed class's.
+    Each sampling call draws ``batch_size`` items and yields them one by one as flat dicts:
+    nested keys become ``"key0.key1"``, strings plain values, tensors lose the batch
+    dimension; a ``PrioritizedSampler`` adds ``"index"`` and ``"priority_weight"``. Each
+    DataLoader worker and DDP rank re-seeds its copy (without replacement they deal out one
+    order); a worker sees later writes only with shared (``rb.share()``) or memory-mapped storage.
 
     Args:
         replay_buffer: The torchrl ``ReplayBuffer`` to sample from.
         batch_size: Items drawn per sampling call.
 
     Keyword Args:
-        keys: Keys to keep (nested keys as tuples). ``None`` keeps every leaf.
-            A key missing from the samples is warned about once and skipped.
+        keys: Keys to keep (nested keys as tuples); ``None`` keeps every leaf. A missing key
+            is warned about once and skipped.
         device: Move tensors to this device before yielding.
-        num_batches: Sampling calls per pass; ``None`` is an unbounded stream
-            whose consumer must stop it (``max_steps``). With ``DataLoader``
-            workers the calls are split across workers, so one pass still
-            yields ``num_batches * batch_size`` items in total.
-        min_size: Wait (up to ``wait_timeout`` seconds) until the buffer holds
-            this many items before the first sample. Without it, an empty
-            buffer raises at once.
+        num_batches: Sampling calls per pass, split across workers; ``None``: unbounded
+            (the consumer stops it, ``max_steps``).
+        min_size: Wait until the buffer holds this many items before the first sample;
+            without it an empty buffer raises at once.
         wait_timeout: Seconds to wait for ``min_size``.
-
-    Sampler info: when the buffer's sampler returns importance weights (a
-    ``PrioritizedSampler``), ``"index"`` and ``"priority_weight"`` are added
-    to every item, also for a plain ``ReplayBuffer``.
-
-    Workers: each DataLoader worker (and each DDP rank) re-seeds its copy of
-    the buffer, so copies draw different streams; without replacement, they deal out
-    one order instead (each item once per epoch across workers and ranks). A worker samples its own
-    copy of the buffer: with ``LazyTensorStorage`` after ``rb.share()``
-    (shared memory, spawn start method) or ``LazyMemmapStorage`` it sees
-    items written after it started; ``ListStorage`` and fork-started workers
-    see a snapshot taken when the worker started.
 
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import ReplayBuffer, ListStorage
         >>> from rb_lightning import ReplayBufferDataset
-        >>>
         >>> rb = ReplayBuffer(storage=ListStorage(100), batch_size=4)
         >>> for _ in range(10):
-        ...     _ = rb.add(TensorDict(
-        ...         {"input_ids": torch.randint(0, 100, (8,)),
-        ...          "attention_mask": torch.ones(8, dtype=torch.long)},
-        ...         batch_size=[],
-        ...     ))
-        >>>
-        >>> dataset = ReplayBufferDataset(rb, batch_size=4)
-        >>> sample = next(iter(dataset))
-        >>> sample["input_ids"].shape
+        ...     _ = rb.add(TensorDict({"input_ids": torch.randint(0, 100, (8,))}, batch_size=[]))
+        >>> next(iter(ReplayBufferDataset(rb, batch_size=4)))["input_ids"].shape
         torch.Size([8])
     """
 
@@ -316,29 +289,20 @@ class ReplayBufferDataset(_SampledDataset):
 
 
 class ReplayBufferBatchDataset(_SampledDataset):
-    """Whole-batch view of a replay buffer: one ``TensorDict`` per sampling call.
+    """Whole-batch view of a replay buffer: one ``TensorDict`` per sampling call, no re-collation.
 
-    No per-item split and no re-collation: the batch ``rb.sample`` returns is
-    what the consumer gets (restricted to ``keys`` and moved to ``device`` if
-    asked). Load it with :func:`batch_loader` (``DataLoader(dataset,
-    batch_size=None, collate_fn=keep_batch)``).
-
-    Takes the same arguments as :class:`ReplayBufferDataset`, plus:
+    Load it with :func:`batch_loader`. Takes the arguments of :class:`ReplayBufferDataset`, plus:
 
     Keyword Args:
-        flatten: Yield a flat ``dict`` of ``[B, ...]`` tensors and lists of
-            strings (``"key0.key1"`` names) instead of a ``TensorDict``.
-        cursor: A :class:`StreamCursor` (from a :class:`StreamState`) that
-            makes the stream resumable: each epoch's per-worker / per-rank
-            seeds and the batches already consumed come from it instead of the
-            process's RNG. Used by :class:`~rb_lightning.ReplayBufferDataModule`.
+        flatten: Yield a flat ``dict`` (``"key0.key1"`` names) instead of a ``TensorDict``.
+        cursor: A :class:`StreamCursor` that makes the stream resumable (each epoch's seeds
+            and the batches consumed come from it); the DataModule passes one.
 
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
         >>> from rb_lightning import ReplayBufferBatchDataset, batch_loader
-        >>>
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
         >>> _ = rb.extend(TensorDict({"obs": torch.randn(50, 3)}, batch_size=[50]))
         >>> loader = batch_loader(ReplayBufferBatchDataset(rb, 16, num_batches=2))
@@ -405,13 +369,11 @@ class ReplayBufferBatchDataset(_SampledDataset):
 class ReplayBufferPassDataset(IterableDataset):
     """One pass over a buffer's content, in storage order: every stored item exactly once.
 
-    For validation and test sets, and for snapshots. Batches of ``batch_size``
-    consecutive storage slots are dealt round-robin to DataLoader workers and
-    DDP ranks, so together they cover the buffer once, with no duplicates.
+    For validation, test and snapshots: batches of consecutive slots are dealt round-robin to
+    workers and ranks. The buffer is not sampled (its sampler and RNG stay untouched).
 
     Args:
-        replay_buffer: The buffer to read (it is not sampled: its sampler and
-            RNG are left untouched).
+        replay_buffer: The buffer to read.
         batch_size: Items per yielded batch (the last one may be smaller).
 
     Keyword Args:
@@ -457,16 +419,12 @@ class ReplayBufferPassDataset(IterableDataset):
         )
 
     def as_hf_dataset(self, **options: Any) -> Any:
-        """This pass as a ``datasets.Dataset`` snapshot: every stored item once, in storage order.
-
-        ``to_hf_dataset(self, **options)`` (``keys`` defaults to this dataset's);
-        needs the ``hf`` extra.
+        """This pass as a ``datasets.Dataset`` snapshot: ``to_hf_dataset(self, **options)`` (needs the ``hf`` extra).
 
         Examples:
             >>> import torch
             >>> from tensordict import TensorDict
             >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> from rb_lightning import ReplayBufferPassDataset
             >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
             >>> _ = rb.extend(TensorDict({"x": torch.arange(5)}, batch_size=[5]))
             >>> [row["x"] for row in ReplayBufferPassDataset(rb, batch_size=2).as_hf_dataset()]

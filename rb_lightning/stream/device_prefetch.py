@@ -1,29 +1,16 @@
 """The GPU path: device-resident storages and overlapped host-to-device copies.
 
-Two ways to feed an accelerator from a replay buffer without the step waiting for data:
-
-* **Device-resident storage** (``LazyTensorStorage(N, device="cuda")``): ``rb.sample``
-  gathers rows on the device, the batch is already where the step runs, and
-  :class:`~rb_lightning.ReplayBufferDataModule` hands it over as it is (no pinning, no
-  copy). :func:`check_device_storage` refuses the arguments that cannot work with it.
-* **Host storage, overlapped** (``ReplayBufferDataModule(prefetch_to_device=True)``):
-  when Lightning reads batch ``n+1`` (one ahead, before it runs step ``n``), a
-  :class:`DevicePrefetcher` starts that batch's host-to-device copy at once, through a
-  :class:`CopyEngine`; when Lightning moves batch ``n+1`` to the device, the copy is
-  already done or in flight. On CUDA the engine is :class:`CudaStreamCopy` (pinned
-  memory, a side stream, an event the compute stream waits on without blocking the
-  host), so the copy runs while step ``n``'s kernels run. Any object with ``start``
-  and ``finish`` is an engine (a synchronous copy lets the machinery run on CPU).
-
-The prefetcher never samples: the batches are drawn exactly when they would be without
-it (when Lightning asks for them), so the sampled stream, priority-update order and the
-read-ahead a checkpoint saves are unchanged. Loaders keep yielding the *host* batch;
-the device copy only replaces it in ``transfer_batch_to_device``.
+A storage on the device (``LazyTensorStorage(N, device="cuda")``) is sampled there and its
+batch handed over as it is (:func:`check_device_storage` refuses what cannot work with
+it). A host storage with ``prefetch_to_device=True`` gets a :class:`DevicePrefetcher`: when
+Lightning reads batch ``n+1`` (before step ``n`` runs) its copy starts through a
+:class:`CopyEngine` (on CUDA :class:`CudaStreamCopy`: pinned memory, a side stream and an
+event), and ``transfer_batch_to_device`` takes the finished copy. The prefetcher never
+samples, so the stream, the priority-update order and the saved read-ahead are unchanged.
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
-    >>> from rb_lightning.stream.device_prefetch import DevicePrefetcher
     >>> class CopyNow:  # a CopyEngine that copies at once, on the calling thread
     ...     def start(self, batch, device): return batch.clone()
     ...     def finish(self, ticket): return ticket

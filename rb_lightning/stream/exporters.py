@@ -22,10 +22,7 @@ __all__ = ["ExportDefaults", "export", "register_exporter"]
 
 @dataclass(frozen=True)
 class ExportDefaults:
-    """What a dataset or DataModule samples: the defaults of an export of it.
-
-    A description, not a stream: an export draws from a stream of its own (when
-    streaming) or reads the buffer in storage order (a snapshot).
+    """What a dataset or DataModule samples: the defaults of an export of it (a description, not a stream).
 
     Attributes:
         replay_buffer: The buffer sampled.
@@ -34,7 +31,7 @@ class ExportDefaults:
         num_batches: Sampling calls per pass (``None``: unbounded).
         min_size: Items to wait for before the first draw (``None``: one).
         wait_timeout: Seconds to wait for ``min_size``.
-        streaming: Whether the source is a stream (``False``: a pass, exported as a snapshot).
+        streaming: Whether the source is a stream (``False``: exported as a snapshot).
     """
 
     replay_buffer: Any

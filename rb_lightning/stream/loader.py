@@ -25,11 +25,7 @@ from rb_lightning.validation import check_non_negative_int, check_positive_int
 
 
 def keep_batch(batch: Any) -> Any:
-    """``collate_fn`` for loaders of whole batches: hand the batch over unchanged.
-
-    ``DataLoader(batch_size=None)`` would otherwise run ``default_convert``,
-    which treats a ``TensorDict`` as a plain mapping and breaks it apart.
-    """
+    """``collate_fn`` for loaders of whole batches: the batch unchanged (``default_convert`` would break a ``TensorDict`` apart)."""
     return batch
 
 
@@ -60,13 +56,7 @@ _SIZED_ITERABLE_WARNING = r"Your `IterableDataset` has `__len__` defined"
 
 
 class _BatchLoader(DataLoader):
-    """The ``DataLoader`` :func:`batch_loader` returns.
-
-    In-process (no workers, no pinning) it hands the dataset's batches straight
-    over: torch's single-process iterator costs ~20 us a batch (profiler
-    annotation, sampler and fetcher hops), a fifth of a small ``rb.sample``.
-    With workers or pinning it is a plain ``DataLoader``.
-    """
+    """The ``DataLoader`` :func:`batch_loader` returns; in-process it hands batches straight over (torch's iterator costs ~20 us a batch)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Lightning warns that a sized IterableDataset may duplicate items across workers;
@@ -87,13 +77,7 @@ class _BatchLoader(DataLoader):
 
 
 def batch_loader(dataset: IterableDataset, **loader_kwargs: Any) -> DataLoader:
-    """A ``DataLoader`` for a dataset that yields whole batches.
-
-    Sets ``batch_size=None`` and ``collate_fn=keep_batch``; other keyword
-    arguments (``num_workers``, ``pin_memory``, ...) go to ``DataLoader``.
-    Without workers, batches skip torch's per-batch loader machinery (see
-    ``benchmarks/throughput.py``).
-    """
+    """A ``DataLoader`` for a dataset that yields whole batches (``batch_size=None``, ``collate_fn=keep_batch``; other arguments go to ``DataLoader``)."""
     return _BatchLoader(dataset, batch_size=None, collate_fn=keep_batch, **loader_kwargs)
 
 
@@ -188,21 +172,16 @@ class _TrackedBatches:
 class ResumableBatchLoader(_BatchLoader):
     """A :func:`batch_loader` over a stream position that its owner checkpoints.
 
-    The position (a :class:`StreamState`, shared by every loader its owner builds:
-    one per epoch with ``reload_dataloaders_every_n_epochs``) is saved once, by the
-    owner (:class:`~rb_lightning.lightning.training.TrainingStream`, in the
-    DataModule's state, with the buffer and the batches read ahead). The loader
-    only says it is resumable (``state_dict`` / ``load_state_dict``), so Lightning
-    does not warn that a mid-epoch resume is unreliable; it stores nothing.
+    The owner (:class:`~rb_lightning.lightning.training.TrainingStream`) saves the position;
+    the loader only says it is resumable, so Lightning does not warn about mid-epoch resumes.
 
     Args:
         dataset: A :class:`ReplayBufferBatchDataset` built with ``cursor=stream.cursor``.
         stream: The stream position this loader starts from and records each batch in.
 
     Keyword Args:
-        prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that starts
-            the device copy of each batch as it is handed out (``None``: no prefetching).
-            Batches are drawn when they would be without it; only their copy starts early.
+        prefetcher: A :class:`~rb_lightning.stream.device_prefetch.DevicePrefetcher` that
+            starts each batch's device copy as it is handed out (``None``: none).
         **loader_kwargs: ``num_workers``, ``pin_memory``, ... as for :func:`batch_loader`.
     """
 

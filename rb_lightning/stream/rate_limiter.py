@@ -1,18 +1,10 @@
 """``SamplesPerInsert``: the replay ratio, enforced by the data source (Reverb's rate limiter).
 
-The learner samples and the collector inserts; the ratio of the two is the one
-number that decides how often each stored frame is replayed. Counted in items
-(a batch of ``B`` counts ``B`` samples):
-
-* nothing is sampled before ``min_size`` items were inserted;
-* then the trainer waits while it is more than ``error_buffer / 2`` samples
-  ahead of ``(inserted - min_size) * samples_per_insert``, and the collector
-  waits while it is that far behind.
-
-A collector in the training process (``OnlineCollector``, synchronous) is asked
-for frames when the trainer would otherwise wait, so the limiter decides how
-many frames it collects. The counters are checkpointed with the DataModule: a
-resumed run continues the ratio where it was.
+Counted in items: nothing is sampled before ``min_size`` inserts; then the trainer waits
+while it is more than ``error_buffer / 2`` samples ahead of
+``(inserted - min_size) * samples_per_insert``, and the collector while it is that far
+behind. A synchronous collector is asked for frames when the trainer would wait. The
+counters are checkpointed with the DataModule.
 
 Examples:
     >>> limiter = SamplesPerInsert(samples_per_insert=4.0, min_size=100, error_buffer=64)
@@ -22,7 +14,7 @@ Examples:
     >>> limiter.can_sample(32), limiter.can_sample(65)
     (True, False)
     >>> limiter.record_sample(32)
-    >>> limiter.samples_per_insert_observed()  # 32 samples for 8 inserts past min_size
+    >>> limiter.samples_per_insert_observed()
     4.0
 """
 
@@ -43,18 +35,12 @@ class SamplesPerInsert:
     """Keep ``sampled ≈ (inserted - min_size) * samples_per_insert`` within ``error_buffer``.
 
     Args:
-        samples_per_insert: Items sampled per item inserted (Acme's DQN uses 0.5..8,
-            SAC 256 at batch 256: each frame is replayed that many times).
-        min_size: Items inserted before the first sample (Reverb's
-            ``min_size_to_sample``).
+        samples_per_insert: Items sampled per item inserted: how often each frame is replayed.
+        min_size: Items inserted before the first sample (Reverb's ``min_size_to_sample``).
         error_buffer: Slack around the target, in items; at least
-            ``2 * max(1, samples_per_insert)`` and a batch. ``None``: two batches,
-            chosen when the DataModule knows its batch size.
+            ``2 * max(1, samples_per_insert)`` and a batch. ``None``: two batches.
         timeout: Seconds a side may wait before the run stops with
             :class:`~rb_lightning.errors.SampleTimeoutError` naming the side that stalled.
-
-    From YAML (``data.init_args.rate_limiter``) or the command line:
-    ``--data.rate_limiter.samples_per_insert 4``.
     """
 
     def __init__(
@@ -202,12 +188,7 @@ class SamplesPerInsert:
     def wait_for_insert(
         self, n: int | Callable[[], int], stop: threading.Event | None = None
     ) -> None:
-        """Block until ``n`` inserts are allowed (or ``stop`` is set), without counting them.
-
-        An asynchronous collector waits here before collecting; the frames are
-        counted when the training process writes them into the buffer. ``n`` may be
-        a callable, asked again after each wait (frames still on their way change).
-        """
+        """Block until ``n`` inserts are allowed (or ``stop`` is set), without counting them; ``n`` may be a callable, asked again after each wait."""
         start = time.monotonic()
         count = n if callable(n) else (lambda: n)
         while not self.can_insert(count()):

@@ -1,22 +1,14 @@
 """``BufferStream``: the one object that draws batches from a replay buffer.
 
-Every sampled view of a buffer (:class:`~rb_lightning.ReplayBufferDataset`,
-:class:`~rb_lightning.ReplayBufferBatchDataset`, the Hugging Face export of
-:mod:`rb_lightning.hf`) samples through a :class:`BufferStream`. It owns:
-
-* seeding: each copy of the stream (DataLoader worker, DDP rank) installs a
-  generator of its own in its copy of the buffer, so copies draw different
-  batches (:meth:`BufferStream.seed_replica`, :meth:`BufferStream.reseed`);
-* the ``min_size`` wait, with a timeout and an error that says what to do;
-* the draw itself, with the sampler's ``index`` and ``priority_weight``
-  attached when the sampler produces weights (``PrioritizedSampler``);
-* drawing several batches in one call (:attr:`BufferStream.batches_per_draw`).
+Every sampled view of a buffer (the datasets, the Hugging Face export) samples through a
+:class:`BufferStream`. It owns the seeding of each copy (worker, rank), the ``min_size``
+wait, the draw with the sampler's ``index`` and ``priority_weight``, and drawing several
+batches per call (:attr:`BufferStream.batches_per_draw`).
 
 Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
-    >>> from rb_lightning.stream.sampling import BufferStream
     >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=PrioritizedSampler(10, 0.7, 0.5))
     >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
     >>> stream = BufferStream(rb, batch_size=4)
@@ -64,23 +56,18 @@ logger = logging.getLogger(__name__)
 class BufferStream:
     """Draws batches of ``batch_size`` items from ``replay_buffer``, one per :meth:`sample`.
 
+    With a ``PrioritizedSampler`` each batch carries ``"index"`` and ``"priority_weight"``
+    (also from a plain ``ReplayBuffer``). A pickled copy (a DataLoader worker) leaves the
+    generator out and re-seeds (:meth:`seed_replica`).
+
     Args:
         replay_buffer: The torchrl ``ReplayBuffer`` to sample.
         batch_size: Items per draw.
 
     Keyword Args:
-        min_size: :meth:`wait_until_ready` waits (up to ``wait_timeout``
-            seconds) until the buffer holds this many items. ``None``: an
-            empty buffer raises at once.
+        min_size: :meth:`wait_until_ready` waits until the buffer holds this many items.
+            ``None``: an empty buffer raises at once.
         wait_timeout: Seconds to wait for ``min_size``.
-
-    Sampler info: when the sampler returns importance weights (a
-    ``PrioritizedSampler``), ``"index"`` and ``"priority_weight"`` are added to
-    each ``TensorDict`` batch, also for a plain ``ReplayBuffer`` (which drops
-    them), so a training step can update priorities.
-
-    Pickling (to DataLoader workers) leaves the buffer's generator out: each
-    copy re-seeds (:meth:`seed_replica`).
 
     Examples:
         >>> import torch
@@ -154,13 +141,9 @@ class BufferStream:
     def batches_per_draw(self) -> int:
         """Batches drawn by one ``rb.sample(batch_size * batches_per_draw)`` call.
 
-        ``1`` (default): one draw per batch. ``K > 1`` draws ``K`` batches at once
-        and hands them out one by one, so the per-call work of ``rb.sample`` is
-        paid once per ``K`` steps. The later batches of a draw do not see items
-        written, or priorities updated, after the draw. With a ``RandomSampler``
-        and no writes in between, the batches are the ones ``K`` separate draws
-        give. Only for a ``RandomSampler`` or ``PrioritizedSampler`` sampled in
-        this process, without version-gated sampling.
+        ``K > 1`` pays ``rb.sample``'s per-call work once per ``K`` steps; the later batches of a
+        draw miss writes and priority updates made after it. Only for a ``RandomSampler`` or
+        ``PrioritizedSampler`` sampled in this process, without version-gated sampling.
         """
         return self._batches_per_draw
 
@@ -193,19 +176,11 @@ class BufferStream:
 
     # -- seeding ----------------------------------------------------------------------------
     def reseed(self, seed: int) -> None:
-        """Sample from now on with a new generator seeded with ``seed``.
-
-        A remote (Ray) buffer is one sampler shared by every process: it is
-        left alone, as re-seeding it from each process would reset its stream.
-        """
+        """Sample from now on with a new generator seeded with ``seed`` (a Ray buffer's one shared sampler is left alone)."""
         self._handle.reseed(seed)
 
     def seed_replica(self, shard: Shard | None = None) -> None:
-        """Give this copy of the stream its own random stream if other copies sample too.
-
-        DataLoader workers and DDP ranks hold copies of the buffer, and of its
-        generator (or of an identically seeded global RNG). A single process
-        (``shard.is_replica`` false) keeps the buffer's generator as it is.
+        """Give this copy of the stream its own random stream if other copies (workers, ranks) sample too.
 
         Args:
             shard: Where this copy runs; default: :func:`~rb_lightning.stream.sharding.current_shard`.
@@ -215,29 +190,17 @@ class BufferStream:
             self.reseed(shard.seed(draw_base_seed()))
 
     def draws_epochs(self) -> bool:
-        """Whether the sampler draws epochs without replacement in this process.
-
-        Copies of such a stream must follow one order (see :meth:`skip`), or together
-        they draw some items twice and miss others.
-        """
+        """Whether the sampler draws epochs without replacement here (copies must then follow one order, :meth:`skip`)."""
         sampler = getattr(self._replay_buffer, "sampler", None)
         return self._handle.samples_in_process and isinstance(sampler, SamplerWithoutReplacement)
 
     def restart_epoch(self, seed: int) -> None:
-        """Reseed with ``seed`` and start a new permutation at the next draw.
-
-        Copies that restart their epoch with the same seed then draw the same order,
-        whatever each drew before.
-        """
+        """Reseed with ``seed`` and start a new permutation at the next draw (copies then draw the same order)."""
         self.reseed(seed)
         torchrl_compat.restart_permutation(self._replay_buffer.sampler)
 
     def skip(self, batches: int) -> None:
-        """Advance the sampler by ``batches`` draws without reading the storage.
-
-        The sampler makes the same generator calls as ``rb.sample`` would, so the next
-        :meth:`sample` draws what it would after that many samples.
-        """
+        """Advance the sampler by ``batches`` draws without reading the storage (the same generator calls as ``rb.sample``)."""
         rb = self._replay_buffer
         for _ in range(batches):
             rb.sampler.sample(rb.storage, self._batch_size)
@@ -367,12 +330,10 @@ class BufferStream:
         return batch
 
     def _draw_direct(self) -> Any:
-        """``rb.sample(B, return_info=True)`` and the attach, without torchrl's wrapping.
+        """``rb.sample(B, return_info=True)`` and the attach, without torchrl's wrapping (~20% less time on small items).
 
-        Only for buffers where ``rb.sample`` reduces to sampler + storage read
-        (:func:`rb_lightning.torchrl_compat.supports_direct_sampling`): the same generator calls, the same
-        items, the same attached columns, ~20% less time on small items (~35% for a
-        ``TensorDictReplayBuffer``, whose ``sample`` sets the info key by key).
+        Only where :func:`rb_lightning.torchrl_compat.supports_direct_sampling`: the same generator
+        calls, items and columns.
         """
         index, info, batch = torchrl_compat.direct_sample(
             self._replay_buffer, self._batch_size * self._batches_per_draw

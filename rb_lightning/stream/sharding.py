@@ -49,13 +49,7 @@ class Shard:
         return (seed + _RANK_STRIDE * self.rank + _WORKER_STRIDE * self.worker_id) % (2**63 - 1)
 
     def epoch_seed(self, stream_seed: int, epoch: int, worker_id: int | None = None) -> int:
-        """A seed unique to (stream_seed, epoch, rank, worker), recomputable after a resume.
-
-        Unlike :meth:`seed`, it depends on no RNG state of the process, so a
-        checkpoint that records ``stream_seed`` and ``epoch`` reproduces it.
-        ``worker_id`` overrides the worker's own id (a resumed epoch deals the
-        workers' roles out shifted, see ``StreamCursor``).
-        """
+        """A seed unique to (stream_seed, epoch, rank, worker) that depends on no RNG state, so a checkpoint reproduces it (``worker_id``: a resumed epoch's shifted role)."""
         worker = self.worker_id if worker_id is None else worker_id
         mixed = (
             stream_seed

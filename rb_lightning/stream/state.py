@@ -21,13 +21,7 @@ READ_AHEAD_LIMIT = 1
 
 
 class StreamCursor:
-    """Where an epoch of a training stream starts: stream seed, epoch number, position.
-
-    Written by the training process when an iterator starts (:class:`StreamState`),
-    read by the dataset where it samples. The three numbers live in a small
-    shared-memory tensor, so persistent DataLoader workers read the values of
-    each new epoch without being restarted.
-    """
+    """Where an epoch of a training stream starts: stream seed, epoch, position, in a small shared tensor that persistent workers read."""
 
     def __init__(self, seed: int) -> None:
         self._values = torch.tensor([int(seed), 0, 0], dtype=torch.int64).share_memory_()
@@ -45,23 +39,18 @@ class StreamCursor:
 class StreamState:
     """The resumable state of a training stream, kept in the training process.
 
-    It counts what the training loop has taken, independently of any hook: an
-    iterator of :class:`ResumableBatchLoader` numbers the batches it hands out
-    within the epoch, and ``progress`` tells how many of them the loop has
-    taken (Lightning's ``batch_progress.current.ready``). What was handed out
-    beyond that was read ahead (Lightning fetches batch ``n+1`` before it runs
-    step ``n``): a checkpoint saves those batches (:meth:`read_ahead`) and the
-    resumed iterator hands them out first.
+    Loaders number the batches they hand out; ``progress`` says how many the loop took.
+    The rest was read ahead (Lightning fetches batch ``n+1`` before step ``n``): a checkpoint
+    saves those (:meth:`read_ahead`) and the resumed iterator hands them out first.
 
     Args:
         seed: Base of the per-epoch, per-rank, per-worker seeds of replica streams.
 
     Keyword Args:
-        progress: Returns ``(batches of this epoch the loop has taken, whether
-            the epoch is complete)``, or ``None`` outside a training loop.
-        keep_read_ahead: Keep the batches handed out and not yet taken (for an
-            in-process loader, whose read-ahead cannot be redrawn). Loaders with
-            workers redraw instead (see :class:`ReplayBufferBatchDataset`).
+        progress: Returns ``(batches of this epoch taken, whether the epoch is complete)``, or
+            ``None`` outside a training loop.
+        keep_read_ahead: Keep the batches handed out and not yet taken (in-process loaders;
+            loaders with workers redraw instead).
     """
 
     def __init__(
@@ -174,12 +163,7 @@ class StreamState:
 
 
 def fit_loop_progress(trainer: Any) -> tuple[int, bool] | None:
-    """Batches of the current epoch the fit loop has taken, and whether the epoch is done.
-
-    Read from Lightning's own progress counters (not from a batch hook, which a
-    subclass may override): ``ready`` counts the batches moved to the device.
-    ``None`` outside a Trainer.
-    """
+    """Batches of the current epoch the fit loop has taken (Lightning's ``ready`` counter), and whether it is done; ``None`` outside a Trainer."""
     if trainer is None:
         return None
     ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready

@@ -67,11 +67,7 @@ __all__ = [
 
 # -- private attributes (torchrl 0.14.1 has no public accessor) ----------------------------------
 def storage_content(storage: Storage) -> Any:
-    """The object a storage keeps its items in (``storage._storage``).
-
-    A ``TensorDict`` / tensor for a ``TensorStorage`` (``None`` before the first
-    write of a lazy one), a list for a ``ListStorage``.
-    """
+    """The object a storage keeps its items in (``storage._storage``): a TensorDict / tensor (``None`` before a lazy one's first write) or a list."""
     return getattr(storage, "_storage", None)
 
 
@@ -90,11 +86,8 @@ def set_priority_tree(
 ) -> None:
     """Write tree values (already ``(priority + eps) ** alpha``) of ``sampler``'s slots ``index``.
 
-    ``update_priority`` would apply the transform again, and inverting it loses
-    precision (and is impossible for ``alpha=0``); so the trees (``_sum_tree``,
-    ``_min_tree``) take the saved values as they are, and ``_max_priority`` (a
-    ``(raw value, slot)`` pair) the raw maximum at the slot of the largest value
-    written. Within-buffer tracking recomputes it from the trees, as torchrl's own load does.
+    ``update_priority`` would apply the transform again (and inverting it loses precision), so
+    the trees take the saved values as they are and ``_max_priority`` the raw maximum.
     """
     if len(index) == 0:
         return
@@ -113,11 +106,9 @@ def priority_tree_readers() -> tuple[
 ]:
     """``(mass, stored)``: readers of a ``PrioritizedSampler``'s sum and min trees.
 
-    ``mass(sampler, n)`` is the sum and the minimum of the first ``n`` slots'
-    ``(priority + eps) ** alpha``, ``stored(sampler, index)`` those values at ``index``
-    (float64); both ``None`` for a sampler without trees. torchrl 0.14.1 has no
-    public accessor (``_sum_tree``, ``_min_tree``). Made inside this function so that
-    cloudpickle sends them by value: a Ray shard's process needs torchrl only.
+    ``mass(sampler, n)``: sum and minimum of the first ``n`` slots' tree values;
+    ``stored(sampler, index)``: the values at ``index`` (float64); ``None`` without trees. Made
+    inside this function so cloudpickle sends them by value (a Ray shard needs torchrl only).
     """
 
     def mass(sampler: Any, n: int) -> tuple[float, float] | None:
@@ -133,11 +124,7 @@ def priority_tree_readers() -> tuple[
 
 
 def has_custom_checkpointer_hooks(storage: Storage) -> bool:
-    """Whether ``storage`` uses a checkpointer other than torchrl's default, or hooks on it.
-
-    Only then do torchrl's save/load hooks (``checkpointer._save_hooks``,
-    ``_load_hooks``) change what a dump holds.
-    """
+    """Whether ``storage`` uses a checkpointer other than torchrl's default, or hooks on it (only then do they change a dump)."""
     checkpointer = storage.checkpointer
     return (
         type(checkpointer) is not TensorStorageCheckpointer
@@ -160,9 +147,7 @@ def buffer_generator(component: Any) -> torch.Generator | None:
 def without_generator(replay_buffer: ReplayBuffer) -> Iterator[None]:
     """Detach the buffer's own reference to its generator for the duration of the block.
 
-    ``set_rng(None)`` would also clear the storage's, sampler's and writer's
-    references; only the buffer's own one is pickled (the others drop theirs in
-    ``__getstate__``).
+    ``set_rng(None)`` would clear the storage's, sampler's and writer's too; only the buffer's is pickled.
     """
     generator = buffer_generator(replay_buffer)
     replay_buffer._rng = None
@@ -210,21 +195,13 @@ SAMPLER_SETTINGS: dict[str, str] = {
 
 
 def sampler_attribute(sampler: Any, name: str) -> Any:
-    """The sampler setting given as ``name`` to its constructor (``"alpha"``), or ``None``.
-
-    torchrl 0.14.1 keeps ``eps`` and ``max_capacity`` of a ``PrioritizedSampler``
-    in private attributes only; see :data:`SAMPLER_SETTINGS`.
-    """
+    """The sampler setting given as ``name`` to its constructor, or ``None`` (``eps`` and ``max_capacity`` are private in 0.14.1)."""
     attribute = {arg: attr for attr, arg in SAMPLER_SETTINGS.items()}.get(name, name)
     return getattr(sampler, attribute, None)
 
 
 def restart_permutation(sampler: Any) -> None:
-    """Make a ``SamplerWithoutReplacement``'s next draw start a new permutation.
-
-    torchrl 0.14.1 has no public way to drop the rest of the current one; its
-    state dict holds it as ``_sample_list`` (``None``: draw a new one).
-    """
+    """Make a ``SamplerWithoutReplacement``'s next draw start a new permutation (its private ``_sample_list``)."""
     sampler.load_state_dict(
         {**sampler.state_dict(), "_sample_list": None, "len_storage": 0, "_ran_out": False}
     )
@@ -238,9 +215,8 @@ def ray_buffer_actor(replay_buffer: Any) -> Any:
 def bind_ray_actor(replay_buffer: Any, actor: Any) -> None:
     """Make a ``RayReplayBuffer`` built without its ``__init__`` a client of a running ``actor``.
 
-    torchrl 0.14.1's ``__init__`` always starts a new actor; these are the attributes
-    it sets for the ``"ray"`` transport, with the client ``RayReplayBuffer.client()``
-    hands out (``_RayReplayBufferClient``).
+    torchrl 0.14.1's ``__init__`` always starts a new actor; these are the attributes it sets
+    for the ``"ray"`` transport.
     """
     from torchrl.data.replay_buffers.ray_buffer import _RayReplayBufferClient
 
@@ -261,12 +237,10 @@ GENERATION_KEY = "index_generation"
 
 
 def ring_position(replay_buffer: ReplayBuffer) -> tuple[int, int, int] | None:
-    """``(write_count, cursor, capacity)`` of a round-robin writer (every torchrl buffer's
-    default), from its ``_write_count`` and ``_cursor``; ``None`` for any other writer.
+    """``(write_count, cursor, capacity)`` of a round-robin writer, ``None`` for any other writer.
 
-    Read in that order: ``RoundRobinWriter.extend`` moves the cursor before it
-    counts the write, so a write landing between the two reads makes every stamp
-    of :func:`slot_stamps` differ (an update then dropped), never match.
+    Read in that order: ``extend`` moves the cursor before it counts the write, so a write
+    between the two reads makes every stamp differ (an update dropped), never match.
     """
     writer, storage = replay_buffer.writer, replay_buffer.storage
     capacity = getattr(storage, "max_size", None)
@@ -313,12 +287,9 @@ def buffer_lock(replay_buffer: ReplayBuffer) -> contextlib.AbstractContextManage
 def supports_direct_sampling(replay_buffer: ReplayBuffer) -> bool:
     """Whether ``rb.sample`` of this buffer is exactly ``storage.get(sampler.sample(...))``.
 
-    A ``ReplayBuffer`` or ``TensorDictReplayBuffer`` (no other subclass) with a
-    ``PrioritizedSampler`` over a one-dimensional CPU ``TensorStorage``
-    (``LazyTensorStorage``, ``LazyMemmapStorage``), with torchrl's default
-    collate, no transform, no prefetch, no pinning, no sample unit, and (for a
-    ``TensorDictReplayBuffer``, which would set it on the batch) no generation
-    tracking. Anything else takes ``rb.sample``.
+    A ``ReplayBuffer`` or ``TensorDictReplayBuffer`` with a ``PrioritizedSampler`` over a 1-D CPU
+    ``TensorStorage``, default collate, and no transform, prefetch, pinning, sample unit or
+    generation tracking. Anything else takes ``rb.sample``.
     """
     from torchrl.data import PrioritizedSampler, TensorDictReplayBuffer, TensorStorage
     from torchrl.data.replay_buffers.storages import _get_default_collate
@@ -344,12 +315,7 @@ def supports_direct_sampling(replay_buffer: ReplayBuffer) -> bool:
 
 
 def sets_sampler_info(replay_buffer: ReplayBuffer) -> bool:
-    """Whether ``rb.sample`` itself writes the sampler's info onto the batch, over stored keys.
-
-    ``TensorDictReplayBuffer.sample`` sets every info entry (``index``,
-    ``priority_weight``) on the sampled TensorDict, replacing stored values of
-    the same name; a plain ``ReplayBuffer`` returns the info apart.
-    """
+    """Whether ``rb.sample`` itself writes the sampler's info onto the batch (a ``TensorDictReplayBuffer`` does, over stored keys)."""
     from torchrl.data import TensorDictReplayBuffer
 
     return isinstance(replay_buffer, TensorDictReplayBuffer)
@@ -361,12 +327,7 @@ def direct_sampling_ready(replay_buffer: ReplayBuffer) -> bool:
 
 
 def direct_sample(replay_buffer: ReplayBuffer, batch_size: int) -> tuple[torch.Tensor, Any, Any]:
-    """``(index, info, items)``: the sampler's draw and the storage read, under ``rb.sample``'s locks.
-
-    The same calls ``ReplayBuffer.sample`` makes (torchrl 0.14), holding the same
-    two locks so that concurrent writers wait; the locks are taken directly, not
-    through a generator-based context manager (~1.3 us a batch).
-    """
+    """``(index, info, items)``: the sampler's draw and the storage read, under ``rb.sample``'s two locks (taken directly: ~1.3 us a batch less)."""
     rb = replay_buffer
     with rb._replay_lock, rb._write_lock:
         index, info = rb._sampler.sample(rb._storage, batch_size)
@@ -374,11 +335,7 @@ def direct_sample(replay_buffer: ReplayBuffer, batch_size: int) -> tuple[torch.T
 
 
 def set_known_column(batch: TensorDictBase, key: str, value: torch.Tensor) -> None:
-    """``batch.set(key, value)`` for a value already known to fit (same batch size, device).
-
-    For a plain ``TensorDict`` this skips tensordict 0.14's per-``set`` validation
-    (~0.2 us instead of ~2 us a call); any other class takes the public ``set``.
-    """
+    """``batch.set(key, value)`` for a value known to fit; skips a plain TensorDict's per-``set`` validation (~0.2 us instead of ~2 us)."""
     if type(batch) is TensorDict:
         batch._set_str(key, value, validated=True, inplace=False)
     else:
@@ -389,11 +346,9 @@ def set_known_column(batch: TensorDictBase, key: str, value: torch.Tensor) -> No
 def can_share_writes(replay_buffer: ReplayBuffer) -> bool:
     """Whether another process can extend ``replay_buffer`` through torchrl's shared state.
 
-    A ``ReplayBuffer`` or ``TensorDictReplayBuffer`` (no subclass: a Ray buffer, a
-    prioritized buffer class) over an initialized one-dimensional CPU ``TensorStorage``
-    (``LazyTensorStorage``, ``LazyMemmapStorage``) with a plain round-robin writer and no
-    transform or prefetch: its rows, length, cursor and write count then live in memory
-    both processes map (torchrl keeps the counters in ``multiprocessing.Value``).
+    A ``ReplayBuffer`` or ``TensorDictReplayBuffer`` (no subclass) over an initialized 1-D CPU
+    ``TensorStorage`` with a plain round-robin writer and no transform or prefetch: its rows
+    and counters then live in memory both processes map.
     """
     from torchrl.data import RoundRobinWriter, TensorDictReplayBuffer, TensorStorage
     from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
@@ -420,11 +375,9 @@ def can_share_writes(replay_buffer: ReplayBuffer) -> bool:
 def writer_view(replay_buffer: ReplayBuffer, lock: Any) -> ReplayBuffer:
     """A buffer on ``replay_buffer``'s storage and writer, for a process that only extends it.
 
-    Its sampler is uniform (a ``PrioritizedSampler`` cannot leave its process, and its
-    tree stays with the buffer that samples). Both buffers take ``lock`` around every
-    write and sample (torchrl's ``_write_lock`` of a shared buffer, here one both hold),
-    and the storage's rows are moved to shared memory now, so that a forked process
-    writes into the same pages (a spawned one gets them through torch's pickling).
+    Its sampler is uniform (a ``PrioritizedSampler`` stays with the buffer that samples). Both
+    take ``lock`` around every write and sample, and the rows move to shared memory now so a
+    forked process writes into the same pages.
     """
     from torchrl.data import RandomSampler
 
@@ -452,13 +405,7 @@ def stop_sharing_writes(
 
 @contextlib.contextmanager
 def only_view_attached(replay_buffer: ReplayBuffer, view: ReplayBuffer) -> Iterator[None]:
-    """While a writer process starts, its copy of the storage notifies only ``view``.
-
-    A storage tells every buffer attached to it which rows a write changed
-    (``mark_update``). The writer process's copy must not carry ``replay_buffer``:
-    spawn would pickle its sampler (a ``PrioritizedSampler`` refuses) and fork would
-    update a copy of its priority tree that nobody reads.
-    """
+    """While a writer process starts, its copy of the storage notifies only ``view``: carrying ``replay_buffer`` would pickle its sampler (spawn) or update a priority tree nobody reads (fork)."""
     attached = replay_buffer.storage._attached_entities
     kept = list(attached)
     attached[:] = [view]
@@ -470,11 +417,7 @@ def only_view_attached(replay_buffer: ReplayBuffer, view: ReplayBuffer) -> Itera
 
 @contextlib.contextmanager
 def writes_held(replay_buffer: ReplayBuffer) -> Iterator[None]:
-    """Hold off writes and samples as ``rb.sample`` does: its thread lock and its write lock.
-
-    The write lock is another process's too once the buffer is shared (:func:`writer_view`);
-    otherwise it is a no-op.
-    """
+    """Hold off writes and samples as ``rb.sample`` does (its thread lock and write lock, shared with a writer process)."""
     nothing = contextlib.nullcontext()
     with (
         getattr(replay_buffer, "_replay_lock", nothing),
@@ -485,9 +428,5 @@ def writes_held(replay_buffer: ReplayBuffer) -> Iterator[None]:
 
 # -- tensordict 0.14: the value inside a NonTensorData ------------------------------------------
 def non_tensor_value(item: Any) -> Any:
-    """The value a ``NonTensorData`` holds, read without tensorclass attribute access.
-
-    ``NonTensorStack.tolist()`` goes through the tensorclass ``__getattr__`` per item (~9 us
-    each in tensordict 0.14.3, most of the cost of a string column).
-    """
+    """The value a ``NonTensorData`` holds, without the tensorclass ``__getattr__`` (~9 us an item in tensordict 0.14.3)."""
     return item._non_tensordict["data"]
