@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 #: Sampler settings recorded (a reader rebuilds the sampler with them) but not compared on
-#: resume: how many policy versions old a drawn group may be is a setting of the run, which a
-#: resumed run may loosen or tighten; the stored items and the sampler's state do not depend on it.
-_RUN_SETTINGS = frozenset({"max_staleness"})
+#: resume: how many policy versions old a drawn group may be, and which groups come first, are
+#: settings of the run, which a resumed run may change; the stored items do not depend on them.
+_RUN_SETTINGS = frozenset({"max_staleness", "order"})
 
 #: What to say when loading failed although the builds matched.
 SAME_BUILD_HINT = (
@@ -48,12 +48,12 @@ def build_record(parts: dict[str, Any], sampler_attributes: dict[str, Any]) -> d
 
     ``sampler_attributes``: the values of ``torchrl_compat.SAMPLER_SETTINGS``' attributes,
     wherever they were read (in this process, or inside a Ray buffer's actor); those
-    that are numbers or booleans are recorded as the sampler's settings.
+    that are numbers, booleans or strings are recorded as the sampler's settings.
     """
     settings = {
         name: sampler_attributes[attribute]
         for attribute, name in torchrl_compat.SAMPLER_SETTINGS.items()
-        if isinstance(sampler_attributes.get(attribute), (bool, int, float))
+        if isinstance(sampler_attributes.get(attribute), (bool, int, float, str))
     }
     return {**parts, "sampler_settings": settings}
 

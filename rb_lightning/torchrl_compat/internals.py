@@ -191,6 +191,9 @@ SAMPLER_SETTINGS: dict[str, str] = {
     "shuffle": "shuffle",
     "group_size": "group_size",  # rb_lightning.llm.groups.GroupSampler
     "max_staleness": "max_staleness",  # GroupSampler's too; recorded, not compared on resume
+    "order": "order",  # GroupSampler's too; recorded, not compared on resume
+    "group_key": "group_key",  # GroupSampler's column names
+    "version_key": "version_key",
 }
 
 

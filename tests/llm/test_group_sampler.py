@@ -116,3 +116,23 @@ def test_a_dump_records_max_staleness_which_a_resume_may_change(tmp_path):
     other = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=GroupSampler(2))
     with pytest.raises(BufferCheckpointError, match=r"saved GroupSampler\(group_size=4\)"):
         load_buffer(other, tmp_path / "dump")
+
+
+def test_a_dump_records_the_order_and_column_names(tmp_path):
+    # An async GRPO run draws its oldest groups first (order="oldest"): a buffer opened from
+    # its checkpoint drew uniformly before, the build record keeping numbers only.
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(64), sampler=GroupSampler(4, max_staleness=0, order="oldest")
+    )
+    rb.extend(_groups(0, 4, 4, 0))
+    dump_buffer(rb, tmp_path / "dump")
+    sampler = open_saved_buffer(tmp_path / "dump").sampler
+    assert (sampler.order, sampler.group_key, sampler.version_key) == (
+        "oldest",
+        rb.sampler.group_key,
+        rb.sampler.version_key,
+    )
+    # Which groups come first is the run's to choose: a resume may draw them uniformly.
+    uniform = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=GroupSampler(4))
+    load_buffer(uniform, tmp_path / "dump")
+    assert len(uniform) == 16
