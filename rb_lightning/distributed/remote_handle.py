@@ -27,7 +27,7 @@ from rb_lightning.errors import UsageError
 from rb_lightning.persist.elastic import Redistribution
 from rb_lightning.persist.manifest import Verify
 from rb_lightning.persist.record import BufferRecord
-from rb_lightning.stream.remote_prefetch import remote_update_priority
+from rb_lightning.stream.remote_prefetch import drained, remote_update_priority
 
 __all__ = ["RemoteBuffer"]
 
@@ -79,7 +79,15 @@ class RemoteBuffer(BufferHandle):
         """Left alone: re-seeding the one shared sampler from each process would reset it."""
 
     def state_dict(self, trainer: Any, *, inline_max_bytes: int, pending_batches: list[Any]) -> Any:
-        """The actor dumps itself beside the ``.ckpt``, on behalf of global rank 0 only."""
+        """The actor dumps itself beside the ``.ckpt``, on behalf of global rank 0 only.
+
+        First every rank delivers the priority updates it holds and waits for them
+        (:func:`~rb_lightning.stream.remote_prefetch.drained`), then the ranks meet: the
+        dump holds every update made before the checkpoint, whichever rank made it.
+        """
+        drained(self.replay_buffer)
+        if trainer is not None and trainer.world_size > 1:
+            trainer.strategy.barrier("priority updates delivered before the buffer's dump")
         return remote_buffer_state(self.replay_buffer, trainer)
 
     def load_state_dict(
