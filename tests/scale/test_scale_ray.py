@@ -304,6 +304,7 @@ def test_the_ray_config_joins_a_ray_start_cluster_as_typed(tmp_path):
         done = subprocess.run(
             [sys.executable, str(REPO / "train.py"), "fit", "--config",
              str(REPO / "configs" / "cartpole_dqn_ray.yaml"), "--trainer.max_steps=20",
+             "--trainer.strategy=auto", "--trainer.devices=1",  # joining is the point, not DDP
              f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
