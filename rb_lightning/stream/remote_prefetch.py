@@ -357,7 +357,8 @@ def drained(replay_buffer: Any) -> list[int]:
     pending = _UNCONFIRMED.pop(replay_buffer, None)
     if pending is None:
         return []
-    pending.send(live_actor(replay_buffer))
+    if pending.held:  # a closed buffer with nothing held has nothing to deliver
+        pending.send(live_actor(replay_buffer))
     if not pending.refs:
         return []
     import ray
