@@ -37,10 +37,11 @@ _EXTRA_OF = {
 
 
 def is_argument_error(err: BaseException) -> bool:
-    return any(type(e).__name__ == "ArgumentError" for e in _causes(err))
+    return any(type(e).__name__ == "ArgumentError" for e in exception_chain(err))
 
 
-def _causes(err: BaseException | None) -> Iterator[BaseException]:
+def exception_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then what it was raised from or during, as Python's traceback shows them."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -58,7 +59,7 @@ def parse_error(err: BaseException) -> ConfigError:
     parts: list[str] = []
     class_path: str | None = None
     previous = None
-    chain = list(_causes(err))
+    chain = list(exception_chain(err))
     for e in chain:
         line = _first_line(e)
         if line == previous:
@@ -91,7 +92,9 @@ def parse_error(err: BaseException) -> ConfigError:
         reason += "."
     if (match := _NO_MODULE.search(reason)) and match.group(1) in _EXTRA_OF:
         extra = _EXTRA_OF[match.group(1)]
-        reason += f' {match.group(1)} comes with the {extra} extra: pip install "rb-lightning[{extra}]".'
+        reason += (
+            f' {match.group(1)} comes with the {extra} extra: pip install "rb-lightning[{extra}]".'
+        )
     return ConfigError(key, reason)
 
 
@@ -156,7 +159,7 @@ def import_class(class_path: str) -> Any:
 # -- instantiation errors -----------------------------------------------------------------------
 def instantiation_error(err: BaseException, config: Any) -> ConfigError:
     """Name the config entry whose constructor raised ``err`` (found in the traceback)."""
-    leaf = list(_causes(err))[-1]
+    leaf = list(exception_chain(err))[-1]
     classes = _configured_classes(config)
     key, class_path = "", None
     tb = leaf.__traceback__
@@ -220,6 +223,7 @@ def _configured_classes(config: Any) -> list[tuple[str, str, type]]:
 
 
 __all__ = [
+    "exception_chain",
     "import_class",
     "instantiation_error",
     "is_argument_error",

@@ -19,10 +19,11 @@ Examples:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from rb_lightning.errors import BufferStateError
+from rb_lightning.runs.config_errors import exception_chain
 
 __all__ = ["buffer_actor_lost", "lost_actor", "peer_left", "quiet_exit"]
 
@@ -30,18 +31,9 @@ __all__ = ["buffer_actor_lost", "lost_actor", "peer_left", "quiet_exit"]
 _ACTOR_GONE = {"ActorDiedError", "RayActorError", "ActorUnavailableError"}
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def lost_actor(err: BaseException) -> BaseException | None:
     """Ray's error saying an actor is gone, if ``err`` is or comes from one."""
-    for part in _chain(err):
+    for part in exception_chain(err):
         kinds = type(part).__mro__
         if any(k.__module__.startswith("ray") and k.__name__ in _ACTOR_GONE for k in kinds):
             return part
@@ -51,7 +43,8 @@ def lost_actor(err: BaseException) -> BaseException | None:
 def peer_left(err: BaseException) -> bool:
     """Whether ``err`` says another rank left a collective (it stopped, or its process ended)."""
     return any(
-        "closed by peer" in str(part) or "reset by peer" in str(part) for part in _chain(err)
+        "closed by peer" in str(part) or "reset by peer" in str(part)
+        for part in exception_chain(err)
     )
 
 
